@@ -1,0 +1,222 @@
+"""The batch driver: a bounded pipeline as a lineage of Spark RDDs (design section 5).
+
+Each fused stage becomes one `mapPartitions` over its input records; edges
+between stages are narrow (a materialized PCollection read by the next stage,
+filtered by buffer id) or shuffles (GroupByKey, stateful ParDo input,
+Reshuffle), all carrying chunks of Beam-encoded elements. Side inputs are
+computed by earlier Spark jobs and broadcast. The rest of the pipeline runs as
+one final Spark job. Stage outputs read more than once are persisted so no user
+code runs twice. Job descriptions and RDD names carry the Beam step names, so
+the Spark UI shows which Beam steps a Spark stage runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import uuid
+from collections.abc import Callable
+
+from apache_beam.portability import common_urns
+from pyspark import SparkContext, StorageLevel
+from pyspark.rdd import RDD
+
+from beam_streams_runner import tasks
+from beam_streams_runner.errors import pipeline_error_from_spark
+from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan, _kv_key_coder_id
+from beam_streams_runner.translators.flatten import flattened
+from beam_streams_runner.translators.impulse import impulse_rdd
+from beam_streams_runner.translators.side_inputs import side_input_state
+from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
+
+
+class BatchDriver:
+    def __init__(self, sc: SparkContext, plan: PipelinePlan, bundle_size: int,
+                 num_partitions: int | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        self.sc = sc
+        self.plan = plan
+        self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
+        self.num_partitions = num_partitions or sc.defaultParallelism
+        self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
+        self.warnings = sc.accumulator([], WarningsAccumulator())
+        self._on_progress = on_progress or (lambda message: None)
+        self._worker_plan = tasks.WorkerPlan(
+            run_id=self.run_id,
+            components=plan.components,
+            stages={s.name: s for s in plan.stages},
+            groupings=self._groupings(),
+            bundle_size=bundle_size,
+            num_partitions=self.num_partitions,
+            driver_sys_path=tuple(p for p in sys.path if p))
+        self._stage_rdds: dict[str, RDD] = {}
+        self._side_chunks: dict[bytes, list[bytes]] = {}
+        self._uses = self._count_uses()
+
+    @property
+    def job_group(self) -> str:
+        return self.run_id
+
+    def run(self) -> None:
+        sc = self.sc
+        sc.setJobGroup(self.run_id, 'Beam pipeline (StreamsSparkRunner)', interruptOnCancel=True)
+        self._plan_bc = sc.broadcast(self._worker_plan)
+        try:
+            for stage in self.plan.stages:
+                self._stage_rdds[stage.name] = self._build(stage)
+            leaves = [self._stage_rdds[s.name] for s in self.plan.stages
+                      if self._uses[s.name] == 0 and self._stage_rdds[s.name] is not None]
+            if leaves:
+                final = leaves[0] if len(leaves) == 1 else sc.union(leaves)
+                sc.setJobDescription('Beam pipeline: ' + ', '.join(
+                    s.display_name for s in self.plan.stages if self._uses[s.name] == 0)[:900])
+                self._on_progress('running the pipeline')
+                final.foreach(_discard)
+        except Exception as exc:
+            error = pipeline_error_from_spark(exc)
+            if error is exc:
+                raise
+            raise error from None
+        finally:
+            reissue(self.warnings.value)
+            for rdd in self._stage_rdds.values():
+                if rdd is not None and rdd.is_cached:
+                    rdd.unpersist()
+
+    # Building the lineage ----------------------------------------------------------
+    def _build(self, stage: StagePlan) -> RDD | None:
+        sc = self.sc
+        sc.setLocalProperty('callSite.short', stage.display_name[:200])
+        sc.setLocalProperty('callSite.long', stage.display_name)
+        if stage.kind == 'reshuffle':
+            rdd = self._reshuffled(stage)
+        else:
+            rdd = self._sdk_stage(stage)
+        if rdd is not None:
+            rdd.setName(stage.display_name[:200])
+            if self._uses[stage.name] > 1:
+                rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        return rdd
+
+    def _sdk_stage(self, stage: StagePlan) -> RDD:
+        side_bc = None
+        if stage.side_inputs:
+            side_bc = self.sc.broadcast(side_input_state(
+                self.plan, stage,
+                {buffer: self._materialize(buffer) for buffer, _ in stage.side_inputs.values()}))
+        grouping_input = None
+        inputs = []
+        for input_id, buffer_id in stage.inputs.items():
+            if buffer_id == IMPULSE_BUFFER:
+                inputs.append(impulse_rdd(self.sc, input_id))
+            elif buffer_id.startswith(b'group:'):
+                grouping_input = input_id
+                spec = self._worker_plan.groupings[buffer_id]
+                inputs.append(self._shuffled(
+                    self._buffer(buffer_id), input_id,
+                    _key_partition_fn(self._plan_bc, spec.input_coder_id, spec.key_coder_id,
+                                      input_id)))
+            elif stage.stateful:
+                coder_id = stage.input_coders[input_id]
+                inputs.append(self._shuffled(
+                    self._buffer(buffer_id), input_id,
+                    _key_partition_fn(self._plan_bc, coder_id, stage.key_coders[input_id],
+                                      input_id)))
+            else:
+                inputs.append(self._buffer(buffer_id).map(_retag(input_id)))
+        source = inputs[0] if len(inputs) == 1 else self.sc.union(inputs)
+        plan_bc, metrics, warnings, name = (
+            self._plan_bc, self.metrics, self.warnings, stage.name)
+
+        def run_partition(records):
+            return tasks.run_stage(
+                plan_bc, name, side_bc, metrics, warnings, grouping_input, records)
+
+        return source.mapPartitions(run_partition)
+
+    def _reshuffled(self, stage: StagePlan) -> RDD | None:
+        if not stage.outputs:
+            return None  # Nothing reads this reshuffle's output.
+        (input_id, buffer_id), = stage.inputs.items()
+        (output_id, output_buffer), = stage.outputs.items()
+        plan_bc = self._plan_bc
+        input_coder = stage.input_coders[input_id]
+        output_coder = stage.output_coders[output_id]
+
+        def deal(index, records):
+            return tasks.round_robin_partition(
+                plan_bc, input_coder, output_coder, output_buffer, index,
+                (chunk for _, chunk in records))
+
+        return (self._buffer(buffer_id)
+                .mapPartitionsWithIndex(deal)
+                .partitionBy(self.num_partitions, _identity)
+                .values())
+
+    def _shuffled(self, buffer_rdd: RDD, input_id: str, partition_fn) -> RDD:
+        return buffer_rdd.mapPartitions(partition_fn).partitionBy(
+            self.num_partitions, _identity).values()
+
+    def _buffer(self, buffer_id: bytes) -> RDD:
+        """The records of one buffer: the union of what its producers wrote to it."""
+        producers = [self._stage_rdds[s.name] for s in self.plan.producers(buffer_id)]
+        return flattened(self.sc, [rdd for rdd in producers if rdd is not None], buffer_id)
+
+    def _materialize(self, buffer_id: bytes) -> list[bytes]:
+        if buffer_id not in self._side_chunks:
+            self.sc.setJobDescription(
+                f"Beam side input {buffer_id.decode('utf-8', 'replace')}")
+            self._on_progress(f'computing side input {buffer_id.decode("utf-8", "replace")}')
+            self._side_chunks[buffer_id] = self._buffer(buffer_id).values().collect()
+        return self._side_chunks[buffer_id]
+
+    # Bookkeeping -------------------------------------------------------------------
+    def _count_uses(self) -> dict[str, int]:
+        """How many times each stage's output RDD is read (main and side inputs)."""
+        uses: dict[str, int] = collections.Counter()
+        for stage in self.plan.stages:
+            uses[stage.name] += 0
+            read = list(stage.inputs.values()) + [b for b, _ in stage.side_inputs.values()]
+            for buffer_id in set(read):
+                for producer in self.plan.producers(buffer_id):
+                    uses[producer.name] += 1
+        return uses
+
+    def _groupings(self) -> dict[bytes, tasks.GroupingSpec]:
+        context = self.plan.execution_context
+        components = context.pipeline_components
+        groupings = {}
+        for buffer_id, transform_id in self.plan.gbk_transforms.items():
+            transform = components.transforms[transform_id]
+            assert transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn
+            input_pcoll = next(iter(transform.inputs.values()))
+            output_pcoll = next(iter(transform.outputs.values()))
+            input_coder = context.data_channel_coders[input_pcoll]
+            groupings[buffer_id] = tasks.GroupingSpec(
+                input_coder_id=input_coder,
+                key_coder_id=_kv_key_coder_id(context, input_coder),
+                output_coder_id=context.data_channel_coders[output_pcoll],
+                windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id)
+        return groupings
+
+
+def _key_partition_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
+    def partition(records):
+        return tasks.key_partition(plan_bc, coder_id, key_coder_id, tag,
+                                   (chunk for _, chunk in records))
+    return partition
+
+
+def _retag(input_id: str):
+    def retag(record):
+        return input_id, record[1]
+    return retag
+
+
+def _identity(partition: int) -> int:
+    return partition
+
+
+def _discard(_record) -> None:
+    return None

@@ -1,0 +1,198 @@
+"""Pipeline options of the StreamsSparkRunner, and their validation.
+
+`StreamsSparkOptions` adds the runner's flags to Beam's `PipelineOptions`
+(`--spark_master`, `--spark_conf`, `--parallelism`, `--bundle_size`,
+`--bundle_time_ms`). `validate_streams_spark_options` checks them all at once
+and raises one `InvalidOptionsError` that lists every problem and its fix, so a
+user fixes a command line in one go instead of one flag per run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+__all__ = [
+    'InvalidOptionsError',
+    'StreamsSparkOptions',
+    'configured_parallelism',
+    'parse_spark_conf',
+    'spark_parallelism',
+    'validate_streams_spark_options',
+]
+
+DEFAULT_SPARK_MASTER = 'local[*]'
+DEFAULT_BUNDLE_SIZE = 1000
+DEFAULT_BUNDLE_TIME_MS = 100
+_UNSET_PARALLELISM = -1  # FlinkRunnerOptions' default for the shared --parallelism flag
+
+# local, local[N], local[*], local[N,F], local[*,F] (F = max task failures).
+_LOCAL_MASTER = re.compile(r'local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?')
+# spark://host:port[,host:port...] (several hosts: standby masters with ZooKeeper).
+_HOST_PORT = r'[A-Za-z0-9._-]+:[0-9]{1,5}'
+_STANDALONE_MASTER = re.compile(rf'spark://{_HOST_PORT}(,{_HOST_PORT})*')
+_K8S_MASTER = re.compile(r'k8s://\S+')
+
+_MASTER_FORMS = ('local, local[N], local[*], local[N,F], local[*,F], '
+                 'spark://host:port[,host:port...], yarn, k8s://https://host:port')
+
+
+class InvalidOptionsError(ValueError):
+    """The runner's pipeline options are wrong; the message lists every problem."""
+
+
+class StreamsSparkOptions(PipelineOptions):
+    """Options of the StreamsSparkRunner (where Spark runs, and how data is bundled)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument(
+            '--spark_master',
+            default=DEFAULT_SPARK_MASTER,
+            help=('Spark master URL the runner starts its SparkSession with, when no '
+                  'SparkSession is already active in this process: local (1 thread), '
+                  'local[N], local[*] (one thread per core), local[N,F] (F = task '
+                  'retries), spark://host:port for a standalone cluster, yarn, or '
+                  f'k8s://https://host:port. Default: {DEFAULT_SPARK_MASTER}.'))
+        parser.add_argument(
+            '--spark_conf',
+            action='append',
+            default=None,
+            metavar='KEY=VALUE',
+            help=('A Spark configuration property for the SparkSession the runner '
+                  'starts, as key=value (for example spark.driver.memory=4g). Repeat '
+                  'the flag for several properties. Ignored when a SparkSession is '
+                  'already active.'))
+        # Beam's FlinkRunnerOptions already defines --parallelism (int, default -1), and
+        # Beam parses every options class with one parser: defining it twice there is an
+        # argparse conflict. So it is added only where absent (this class's own parser,
+        # hence --help); elsewhere Flink's definition parses it, and -1 means "not set".
+        if '--parallelism' not in parser._option_string_actions:
+            parser.add_argument(
+                '--parallelism',
+                type=int,
+                default=None,
+                help=('Number of Spark partitions of each stage (and '
+                      'spark.default.parallelism of a session the runner starts). '
+                      "Default (or -1): Spark's defaultParallelism (the number of cores "
+                      'for local[*]).'))
+        parser.add_argument(
+            '--bundle_size',
+            type=int,
+            default=DEFAULT_BUNDLE_SIZE,
+            help=('Maximum number of elements in one bundle read from a source. Bundles '
+                  'are cut only at the sources; downstream steps keep them whole '
+                  '(start_bundle/finish_bundle run once per source bundle). Default: '
+                  f'{DEFAULT_BUNDLE_SIZE}.'))
+        parser.add_argument(
+            '--bundle_time_ms',
+            type=int,
+            default=DEFAULT_BUNDLE_TIME_MS,
+            help=('Maximum time in milliseconds a source spends filling one bundle '
+                  '(streaming): a bundle closes after bundle_size elements or '
+                  f'bundle_time_ms, whichever comes first. Default: {DEFAULT_BUNDLE_TIME_MS}.'))
+
+
+def configured_parallelism(options: PipelineOptions) -> int | None:
+    """The --parallelism given, or None when it was not (absent, or Flink's -1 default)."""
+    value = options.view_as(StreamsSparkOptions).parallelism
+    return None if value is None or value == _UNSET_PARALLELISM else value
+
+
+def _conf_problems(entries: Iterable[str] | None) -> list[str]:
+    problems = []
+    for entry in entries or ():
+        key, sep, _ = str(entry).partition('=')
+        if not sep or not key.strip():
+            problems.append(
+                f'--spark_conf={entry!r} is not of the form key=value; write it as '
+                '--spark_conf=spark.some.property=value (one flag per property).')
+    return problems
+
+
+def parse_spark_conf(entries: Iterable[str] | None) -> dict[str, str]:
+    """Turn `--spark_conf` entries (`key=value`) into a dict; later entries win.
+
+    The value is everything after the first `=`, so values may contain `=`.
+    Raises InvalidOptionsError for an entry without `=` or with an empty key.
+    """
+    problems = _conf_problems(entries)
+    if problems:
+        raise InvalidOptionsError(_format(problems))
+    conf: dict[str, str] = {}
+    for entry in entries or ():
+        key, _, value = str(entry).partition('=')
+        conf[key.strip()] = value
+    return conf
+
+
+def is_valid_spark_master(master: str) -> bool:
+    """Whether `master` is a Spark master URL form the runner accepts."""
+    return bool(master == 'yarn'
+                or _LOCAL_MASTER.fullmatch(master)
+                or _STANDALONE_MASTER.fullmatch(master)
+                or _K8S_MASTER.fullmatch(master))
+
+
+def _format(problems: list[str]) -> str:
+    lines = '\n'.join(f'  - {problem}' for problem in problems)
+    return (f'Invalid StreamsSparkRunner options ({len(problems)} problem'
+            f'{"s" if len(problems) > 1 else ""}):\n{lines}')
+
+
+def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOptions:
+    """Check the runner's options and return them as a `StreamsSparkOptions` view.
+
+    Every problem found is listed in one `InvalidOptionsError`, each naming the
+    option, the bad value and what to write instead.
+    """
+    opts = options.view_as(StreamsSparkOptions)
+    problems: list[str] = []
+    master = opts.spark_master
+    if not isinstance(master, str) or not is_valid_spark_master(master.strip()):
+        problems.append(f'--spark_master={master!r} is not a Spark master URL; use one of '
+                        f'{_MASTER_FORMS}.')
+    for name in ('bundle_size', 'bundle_time_ms', 'parallelism'):
+        value = getattr(opts, name)
+        if name == 'parallelism' and configured_parallelism(opts) is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            hint = {'bundle_size': f'(default {DEFAULT_BUNDLE_SIZE})',
+                    'bundle_time_ms': f'(default {DEFAULT_BUNDLE_TIME_MS})',
+                    'parallelism': "(or leave it out to use Spark's defaultParallelism)"}[name]
+            problems.append(f'--{name}={value!r} must be a positive integer {hint}.')
+    conf = opts.spark_conf
+    if isinstance(conf, str):  # set programmatically as one string
+        conf = [conf]
+    problems.extend(_conf_problems(conf))
+    if problems:
+        raise InvalidOptionsError(_format(problems))
+    return opts
+
+
+def spark_parallelism(options: PipelineOptions) -> int:
+    """Number of partitions per stage: --parallelism, else Spark's defaultParallelism.
+
+    Uses the active SparkContext when there is one; otherwise derives it from
+    --spark_master (local[N] -> N, local -> 1, anything else -> CPU count).
+    """
+    opts = options.view_as(StreamsSparkOptions)
+    parallelism = configured_parallelism(opts)
+    if parallelism is not None:
+        return int(parallelism)
+    from pyspark import SparkContext  # imported late: options must load without a JVM
+
+    sc = SparkContext._active_spark_context
+    if sc is not None:
+        return int(sc.defaultParallelism)
+    match = _LOCAL_MASTER.fullmatch((opts.spark_master or '').strip())
+    if match:
+        threads = match.group(2)
+        if threads is None:
+            return 1
+        if threads != '*':
+            return int(threads)
+    return os.cpu_count() or 1

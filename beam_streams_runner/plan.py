@@ -1,0 +1,285 @@
+"""From a Beam pipeline to a plan of fused stages (design section 3).
+
+The pipeline proto (after Beam's runner-API round trip) goes through Beam's own
+fusion phases (`apache_beam.runners.portability.fn_api_runner.translations`:
+combiner packing and lifting, SDF expansion, GroupByKey and Flatten expansion,
+greedy fusion, ...), with three runner primitives kept for the runner itself:
+GroupByKey, Flatten and Reshuffle. Stateful ParDos are forced to start a stage
+(they need their input partitioned by key). Each resulting stage becomes a
+`StagePlan`: the process-bundle descriptor the SDK harness runs, and where its
+inputs come from and its outputs go to (buffer ids shared between producer and
+consumer stages). How each runner primitive crosses Spark lives in
+`translators/`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import (
+    beam_fn_api_pb2,
+    beam_provision_api_pb2,
+    beam_runner_api_pb2,
+)
+from apache_beam.runners.portability.fn_api_runner import execution, translations, worker_handlers
+from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
+from apache_beam.runners.worker import bundle_processor
+from apache_beam.utils import proto_utils
+
+from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
+from beam_streams_runner.translators.read import count_source_outputs, is_source_bundle_counter
+
+RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
+RUNNER_PRIMITIVES = frozenset([
+    common_urns.primitives.FLATTEN.urn,
+    common_urns.primitives.GROUP_BY_KEY.urn,
+    RESHUFFLE_URN,
+])
+
+PHASES = [
+    translations.annotate_downstream_side_inputs,
+    translations.annotate_stateful_dofns_as_roots,
+    translations.fix_side_input_pcoll_coders,
+    translations.pack_combiners,
+    translations.lift_combiners,
+    translations.expand_sdf,
+    translations.expand_gbk,
+    translations.sink_flattens,
+    translations.greedily_fuse,
+    count_source_outputs,
+    translations.read_to_impulse,
+    translations.impulse_to_input,
+    translations.sort_stages,
+    translations.add_impulse_to_dangling_transforms,
+    translations.setup_timer_mapping,
+    translations.populate_data_channel_coders,
+]
+
+IMPULSE_BUFFER = translations.IMPULSE_BUFFER
+
+
+@dataclasses.dataclass
+class StagePlan:
+    """One fused stage: what the SDK harness runs and how it is wired."""
+
+    name: str
+    index: int
+    kind: str  # 'sdk' (runs in the SDK harness) or 'reshuffle' (runner-only)
+    step_names: list[str]
+    inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
+    outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
+    input_coders: dict[str, str]  # DATA_INPUT transform id -> coder id
+    output_coders: dict[str, str]  # DATA_OUTPUT transform id -> coder id
+    timer_families: dict[tuple[str, str], tuple[str, int]]  # -> (coder id, time domain)
+    side_inputs: dict[tuple[str, str], tuple[bytes, bytes]]  # -> (buffer id, access pattern)
+    stateful: bool
+    key_coders: dict[str, str]  # stateful: DATA_INPUT transform id -> key coder id
+    descriptor: bytes | None  # serialized ProcessBundleDescriptor ('sdk' stages)
+
+    @property
+    def display_name(self) -> str:
+        steps = ', '.join(self.step_names) or self.name
+        return f'Beam stage {self.index}: {steps}'
+
+
+@dataclasses.dataclass
+class PipelinePlan:
+    stages: list[StagePlan]
+    components: bytes  # serialized beam_runner_api_pb2.Components
+    execution_context: execution.FnApiRunnerExecutionContext
+    gbk_transforms: dict[bytes, str]  # group buffer id -> original GroupByKey transform id
+    worker_handler_manager: worker_handlers.WorkerHandlerManager
+
+    def close(self) -> None:
+        self.worker_handler_manager.close_all()
+        # Beam's merging-WindowFn handles live as long as the execution context.
+        self.execution_context = None
+
+    def producers(self, buffer_id: bytes) -> list[StagePlan]:
+        return [s for s in self.stages if buffer_id in s.outputs.values()]
+
+    def consumers(self, buffer_id: bytes) -> list[StagePlan]:
+        return [s for s in self.stages if buffer_id in s.inputs.values()]
+
+    def side_input_consumers(self, buffer_id: bytes) -> list[StagePlan]:
+        return [
+            s for s in self.stages
+            if any(b == buffer_id for b, _ in s.side_inputs.values())
+        ]
+
+
+def check_supported(pipeline_proto: beam_runner_api_pb2.Pipeline, streaming: bool) -> None:
+    """Rejects what this batch driver cannot run, before anything runs."""
+    for transform in pipeline_proto.components.transforms.values():
+        if transform.spec.urn == common_urns.primitives.TEST_STREAM.urn:
+            raise UnsupportedFeatureError(
+                f"Step '{transform.unique_name}' is a TestStream, which needs the streaming "
+                'driver of StreamsSparkRunner; it is not available yet in this release '
+                '(batch only). Run this pipeline on the DirectRunner meanwhile.')
+    if streaming:
+        raise UnsupportedFeatureError(
+            '--streaming is not available yet in this release of StreamsSparkRunner '
+            '(batch only). Drop --streaming for bounded pipelines.')
+
+
+def check_deterministic_keys(
+    pipeline_proto: beam_runner_api_pb2.Pipeline, context
+) -> None:
+    """A GroupByKey or stateful ParDo needs a deterministic key coder (section 3.4)."""
+    components = pipeline_proto.components
+    for transform in components.transforms.values():
+        if transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn:
+            main_input = next(iter(transform.inputs.values()))
+        elif transform.spec.urn == common_urns.primitives.PAR_DO.urn:
+            payload = proto_utils.parse_Bytes(
+                transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+            if not (payload.state_specs or payload.timer_family_specs):
+                continue
+            main_input = next(
+                pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
+        else:
+            continue
+        kv_coder = components.coders[components.pcollections[main_input].coder_id]
+        if kv_coder.spec.urn != common_urns.coders.KV.urn:
+            continue
+        key_coder = context.coders[kv_coder.component_coder_ids[0]]
+        if not key_coder.is_deterministic():
+            raise NonDeterministicKeyCoderError(
+                f"Step '{transform.unique_name}' groups by key with the non-deterministic key "
+                f"coder {key_coder!r}: equal keys could be sent to different partitions. Use "
+                'keys of a type with a deterministic coder (str, bytes, int, tuples of those), '
+                'or register a deterministic coder for the key type with '
+                'beam.coders.registry.register_coder(KeyType, YourCoder).')
+
+
+def build_plan(
+    pipeline_proto: beam_runner_api_pb2.Pipeline, is_drain: bool = False
+) -> PipelinePlan:
+    stage_context, stages = translations.create_and_optimize_stages(
+        copy.deepcopy(pipeline_proto),
+        phases=PHASES,
+        known_runner_urns=RUNNER_PRIMITIVES,
+        use_state_iterables=False,
+        is_drain=is_drain)
+    manager = worker_handlers.WorkerHandlerManager(
+        stage_context.components.environments,
+        ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(retrieval_token='unused-retrieval-token')))
+    context = execution.FnApiRunnerExecutionContext(
+        stages,
+        manager,
+        stage_context.components,
+        stage_context.safe_coders,
+        stage_context.data_channel_coders,
+        num_workers=1)
+    # Rewrites every data endpoint's payload to the coder it carries.
+    context.setup()
+    gbk_transforms: dict[bytes, str] = {}
+    plans = [
+        _stage_plan(context, stage, index, gbk_transforms)
+        for index, stage in enumerate(stages)
+    ]
+    return PipelinePlan(
+        stages=plans,
+        components=stage_context.components.SerializeToString(),
+        execution_context=context,
+        gbk_transforms=gbk_transforms,
+        worker_handler_manager=manager)
+
+
+def _user_step_names(transforms: Iterable[beam_runner_api_pb2.PTransform]) -> list[str]:
+    hidden = {bundle_processor.DATA_INPUT_URN, bundle_processor.DATA_OUTPUT_URN}
+    return [t.unique_name for t in transforms
+            if t.spec.urn not in hidden and not is_source_bundle_counter(t)]
+
+
+def _stage_plan(
+    context: execution.FnApiRunnerExecutionContext,
+    stage: translations.Stage,
+    index: int,
+    gbk_transforms: dict[bytes, str],
+) -> StagePlan:
+    inputs: dict[str, bytes] = {}
+    outputs: dict[str, bytes] = {}
+    input_coders: dict[str, str] = {}
+    output_coders: dict[str, str] = {}
+    is_reshuffle = any(t.spec.urn == RESHUFFLE_URN for t in stage.transforms)
+    for transform in stage.transforms:
+        if transform.spec.urn == bundle_processor.DATA_INPUT_URN:
+            buffer_id = context.input_transform_to_buffer_id[transform.unique_name]
+            inputs[transform.unique_name] = buffer_id
+            input_coders[transform.unique_name] = beam_fn_api_pb2.RemoteGrpcPort.FromString(
+                transform.spec.payload).coder_id
+            kind, name = translations.split_buffer_id(buffer_id) \
+                if buffer_id != IMPULSE_BUFFER else ('impulse', '')
+            if kind == 'group':
+                gbk_transforms[buffer_id] = name
+        elif transform.spec.urn == bundle_processor.DATA_OUTPUT_URN:
+            port = beam_fn_api_pb2.RemoteGrpcPort.FromString(transform.spec.payload)
+            outputs[transform.unique_name] = _output_buffer_id(context, stage, transform)
+            output_coders[transform.unique_name] = port.coder_id
+    manager = context.bundle_manager_for(stage)
+    timer_families = {}
+    for (transform_id, family), (_, domain) in manager.stage_timer_outputs.items():
+        descriptor = manager.process_bundle_descriptor
+        payload = proto_utils.parse_Bytes(
+            descriptor.transforms[transform_id].spec.payload, beam_runner_api_pb2.ParDoPayload)
+        timer_families[(transform_id, family)] = (
+            payload.timer_family_specs[family].timer_family_coder_id, domain)
+    side_inputs = {}
+    for transform in stage.transforms:
+        if transform.spec.urn in translations.PAR_DO_URNS:
+            payload = proto_utils.parse_Bytes(
+                transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+            for tag, spec in payload.side_inputs.items():
+                side_inputs[(transform.unique_name, tag)] = (
+                    translations.create_buffer_id(transform.inputs[tag]),
+                    spec.access_pattern.SerializeToString())
+    stateful = stage.is_stateful()
+    key_coders = {}
+    if stateful:
+        for transform_id, coder_id in input_coders.items():
+            key_coders[transform_id] = _kv_key_coder_id(context, coder_id)
+    if is_reshuffle:
+        # A runner-only stage: the SDK harness never sees it.
+        descriptor = None
+        kind = 'reshuffle'
+    else:
+        descriptor = manager.process_bundle_descriptor.SerializeToString()
+        kind = 'sdk'
+    return StagePlan(
+        name=stage.name,
+        index=index,
+        kind=kind,
+        step_names=_user_step_names(stage.transforms),
+        inputs=inputs,
+        outputs=outputs,
+        input_coders=input_coders,
+        output_coders=output_coders,
+        timer_families=timer_families,
+        side_inputs=side_inputs,
+        stateful=stateful,
+        key_coders=key_coders,
+        descriptor=descriptor)
+
+
+def _output_buffer_id(context, stage, transform) -> bytes:
+    # setup() replaced the payload with the port; the stage's data outputs keep
+    # the buffer ids.
+    manager = context.bundle_manager_for(stage)
+    return manager.stage_data_outputs[transform.unique_name]
+
+
+def _kv_key_coder_id(context: execution.FnApiRunnerExecutionContext, windowed_coder_id: str) -> str:
+    components = context.pipeline_components
+    windowed = components.coders[windowed_coder_id]
+    kv = components.coders[windowed.component_coder_ids[0]]
+    if kv.spec.urn == common_urns.coders.LENGTH_PREFIX.urn:
+        kv = components.coders[kv.component_coder_ids[0]]
+    if kv.spec.urn != common_urns.coders.KV.urn:
+        raise UnsupportedFeatureError(
+            f'A stateful DoFn needs key-value input; got elements coded by {kv.spec.urn}.')
+    return kv.component_coder_ids[0]

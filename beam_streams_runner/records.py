@@ -1,0 +1,51 @@
+"""How elements cross Spark: chunks of Beam-encoded elements.
+
+Design section 3 and issue 3 part 9: elements never cross Spark pickled one by
+one. A record of a stage's RDD is `(buffer id, chunk)`, where a chunk is the
+concatenation of elements encoded by the PCollection's windowed-value coder
+(Beam's Cython coders), as the SDK harness writes them to its data channel. A
+chunk is the unit of a bundle downstream: one bundle in, one bundle out.
+Shuffles move `(target partition, (buffer id, chunk))` pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from apache_beam.coders.coder_impl import create_InputStream
+
+Record = tuple[bytes, bytes]  # (buffer id, encoded elements)
+
+
+def decode_with_raw(coder_impl, data: bytes) -> Iterator[tuple[object, bytes]]:
+    """Yields (decoded element, its encoded bytes) for every element of `data`."""
+    stream = create_InputStream(data)
+    total = len(data)
+    start = 0
+    while stream.size() > 0:
+        value = coder_impl.decode_from_stream(stream, True)
+        end = total - stream.size()
+        yield value, data[start:end]
+        start = end
+
+
+class ChunkBuilder:
+    """Groups encoded elements into chunks of at most `max_elements` elements."""
+
+    def __init__(self, max_elements: int) -> None:
+        self._max = max_elements
+        self._parts: list[bytes] = []
+
+    def add(self, encoded: bytes) -> bytes | None:
+        """Adds one encoded element; returns a full chunk when one is complete."""
+        self._parts.append(encoded)
+        if len(self._parts) >= self._max:
+            return self.flush()
+        return None
+
+    def flush(self) -> bytes | None:
+        if not self._parts:
+            return None
+        chunk = b''.join(self._parts)
+        self._parts = []
+        return chunk

@@ -1,0 +1,89 @@
+"""`StreamsSparkRunner`: runs a Beam Python pipeline on Apache Spark through PySpark.
+
+The runner validates the options, turns the pipeline into a plan of fused
+stages (`plan`), checks what must be checked before anything runs
+(deterministic key coders, features of this release), gets or creates the
+SparkSession and hands the plan to the batch driver on a driver thread; the
+returned `StreamsSparkPipelineResult` follows the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    PipelineOptions,
+    StandardOptions,
+    TypeOptions,
+)
+from apache_beam.options.value_provider import RuntimeValueProvider
+from apache_beam.pipeline import Pipeline
+from apache_beam.runners.pipeline_utils import (
+    group_by_key_input_visitor,
+    merge_common_environments,
+    merge_superset_dep_environments,
+)
+from apache_beam.runners.runner import PipelineRunner
+from apache_beam.transforms import environments
+
+from beam_streams_runner.batch_driver import BatchDriver
+from beam_streams_runner.errors import UnpicklableUserCodeError
+from beam_streams_runner.options import spark_parallelism, validate_streams_spark_options
+from beam_streams_runner.plan import build_plan, check_deterministic_keys, check_supported
+from beam_streams_runner.result import StreamsSparkPipelineResult
+from beam_streams_runner.spark_session import get_or_create_spark
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class StreamsSparkRunner(PipelineRunner):
+    """A Beam runner executing pipelines as Spark jobs, in PySpark."""
+
+    def __init__(self, is_drain: bool = False) -> None:
+        super().__init__()
+        self._is_drain = is_drain
+
+    def run_pipeline(
+        self, pipeline: Pipeline, options: PipelineOptions
+    ) -> StreamsSparkPipelineResult:
+        spark_options = validate_streams_spark_options(options)
+        RuntimeValueProvider.set_runtime_options({})
+        debug = options.view_as(DebugOptions)
+        experiments = debug.experiments or []
+        if 'beam_fn_api' not in experiments:
+            experiments.append('beam_fn_api')
+        debug.experiments = experiments
+        pipeline.visit(group_by_key_input_visitor(
+            not options.view_as(TypeOptions).allow_non_deterministic_key_coders))
+        try:
+            proto = pipeline.to_runner_api(
+                default_environment=environments.EmbeddedPythonEnvironment.default())
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if 'pickle' not in str(exc).lower():
+                raise
+            raise UnpicklableUserCodeError(
+                f'The pipeline holds user code that cannot be serialized for Spark workers: '
+                f'{exc}. Keep DoFns free of open files, locks, sockets and clients: create '
+                'them in DoFn.setup() instead of __init__.') from exc
+        proto = merge_common_environments(merge_superset_dep_environments(proto))
+        check_supported(proto, options.view_as(StandardOptions).streaming)
+        plan = build_plan(proto, is_drain=self._is_drain)
+        try:
+            check_deterministic_keys(proto, plan.execution_context.pipeline_context)
+            spark = get_or_create_spark(spark_options, app_name='beam-streams-runner')
+        except BaseException:
+            plan.close()
+            raise
+        driver = BatchDriver(
+            spark.sparkContext, plan,
+            bundle_size=spark_options.bundle_size,
+            num_partitions=spark_parallelism(options),
+            on_progress=lambda message: _LOGGER.info('StreamsSparkRunner: %s', message))
+        return StreamsSparkPipelineResult(
+            run=driver.run,
+            cancel=lambda: spark.sparkContext.cancelJobGroup(driver.job_group),
+            metric_totals=lambda: driver.metrics.value,
+            on_done=plan.close,
+        ).start()

@@ -1,0 +1,106 @@
+"""Get the SparkSession a pipeline runs on: the active one, or a new one from the options.
+
+An active SparkSession (or SparkContext) in the process is reused as it is, so
+a pipeline launched from a notebook or from `spark-submit` runs on that Spark.
+Otherwise a session is started from `StreamsSparkOptions`, after checking that
+a Java PySpark supports is there and, for a `spark://` master, that the master
+answers, so that both mistakes fail fast with a message saying what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from beam_streams_runner.java import ensure_java
+from beam_streams_runner.options import (
+    StreamsSparkOptions,
+    configured_parallelism,
+    parse_spark_conf,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ['SparkMasterUnreachableError', 'check_master_reachable', 'get_or_create_spark']
+
+_LOGGER = logging.getLogger(__name__)
+
+MASTER_CONNECT_TIMEOUT_S = 5.0
+
+# Defaults of a session the runner starts; --spark_conf entries override them.
+_DEFAULT_CONF = {
+    'spark.ui.showConsoleProgress': 'true',
+    'spark.python.worker.reuse': 'true',
+    'spark.log.level': 'WARN',
+    # Same str/bytes hashes in every Python worker (Beam and PySpark partitioning
+    # must agree across workers and re-runs).
+    'spark.executorEnv.PYTHONHASHSEED': '0',
+}
+
+
+class SparkMasterUnreachableError(RuntimeError):
+    """The `spark://` master given in --spark_master does not accept connections."""
+
+
+def _host_ports(master: str) -> list[tuple[str, str]]:
+    endpoints = []
+    for part in master[len('spark://'):].split(','):
+        host, _, port = part.strip().rpartition(':')
+        endpoints.append((host.strip('[]'), port))
+    return endpoints
+
+
+def check_master_reachable(master: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """For a spark://host:port[,host:port] master, check that one of the hosts accepts TCP.
+
+    Other masters (local, yarn, k8s) are not checked. Raises SparkMasterUnreachableError.
+    """
+    if not master.startswith('spark://'):
+        return
+    failures = []
+    for host, port in _host_ports(master):
+        if not host or not port.isdigit():
+            failures.append(f'{host}:{port} (not of the form host:port)')
+            continue
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except OSError as exc:
+            failures.append(f'{host}:{port} ({exc.strerror or exc})')
+    raise SparkMasterUnreachableError(
+        f'Spark master {master} is unreachable: could not connect to '
+        f'{", ".join(failures)} within {timeout_s:g} s. Start the standalone master there '
+        '(sbin/start-master.sh, then sbin/start-worker.sh ' + master + '), check the host and '
+        'port (the master log prints its spark:// URL; the default port is 7077), or run '
+        'locally with --spark_master=local[*].')
+
+
+def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSession:
+    """The active SparkSession if there is one, else a new one built from `options`."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if SparkContext._active_spark_context is not None:
+        # A SparkContext without a session: wrap it (getOrCreate reuses the context).
+        return SparkSession.builder.getOrCreate()
+
+    options = options.view_as(StreamsSparkOptions)
+    master = (options.spark_master or 'local[*]').strip()
+    conf = dict(_DEFAULT_CONF)
+    parallelism = configured_parallelism(options)
+    if parallelism is not None:
+        conf['spark.default.parallelism'] = str(parallelism)
+    conf.update(parse_spark_conf(options.spark_conf))
+    check_master_reachable(conf.get('spark.master', master))
+    ensure_java()
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    _LOGGER.info('Starting a SparkSession on %s', conf.get('spark.master', master))
+    return builder.getOrCreate()

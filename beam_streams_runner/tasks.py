@@ -1,0 +1,120 @@
+"""What runs inside a Spark task: the map and reduce sides of the stages.
+
+Every function here is shipped to Spark workers; it reads the broadcast
+`WorkerPlan`, finds (or builds) the process's `WorkerRuntime` and drives the
+operators of `translators/` over the partition's records, following the
+operator contract (bundles, then the watermark +inf per channel at the end of a
+bounded input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable, Iterator
+
+from beam_streams_runner.operators import MAX_WATERMARK
+from beam_streams_runner.plan import StagePlan
+from beam_streams_runner.records import Record
+from beam_streams_runner.translators.group_by_key import GroupByKeyOperator, KeyPartitioner
+from beam_streams_runner.translators.par_do import FusedStageOperator
+from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
+from beam_streams_runner.warnings_relay import recorded_warnings
+from beam_streams_runner.worker_runtime import WorkerRuntime
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupingSpec:
+    """How the reduce side of one GroupByKey decodes, groups and encodes."""
+
+    input_coder_id: str
+    key_coder_id: str
+    output_coder_id: str
+    windowing_strategy_id: str
+
+
+@dataclasses.dataclass
+class WorkerPlan:
+    """Everything a task needs, broadcast once per pipeline run."""
+
+    run_id: str
+    components: bytes
+    stages: dict[str, StagePlan]
+    groupings: dict[bytes, GroupingSpec]
+    bundle_size: int
+    num_partitions: int
+    # The driver's import path: on a local master the Python workers then import
+    # the same user modules the driver does (a pipeline's sibling modules, tests).
+    driver_sys_path: tuple[str, ...] = ()
+
+    def runtime(self) -> WorkerRuntime:
+        for entry in self.driver_sys_path:
+            if entry not in sys.path and os.path.isdir(entry):
+                sys.path.append(entry)
+        descriptors = {}
+        for stage in self.stages.values():
+            if stage.descriptor is not None:
+                descriptors[_descriptor_id(stage)] = stage.descriptor
+        return WorkerRuntime.for_run(self.run_id, self.components, descriptors)
+
+
+def _descriptor_id(stage: StagePlan) -> str:
+    from apache_beam.portability.api import beam_fn_api_pb2
+    return beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor).id
+
+
+def key_partition(plan_bc, coder_id: str, key_coder_id: str, tag: str,
+                  chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
+    plan: WorkerPlan = plan_bc.value
+    runtime = plan.runtime()
+    partitioner = KeyPartitioner(
+        runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
+        plan.num_partitions, plan.bundle_size)
+    return partitioner.partition(tag, chunks)
+
+
+def round_robin_partition(plan_bc, input_coder_id: str, output_coder_id: str, tag: str,
+                          index: int, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
+    plan: WorkerPlan = plan_bc.value
+    runtime = plan.runtime()
+    input_impl = runtime.coder_impl(input_coder_id)
+    output_impl = runtime.coder_impl(output_coder_id)
+    partitioner = RoundRobinPartitioner(
+        input_impl, output_impl, plan.num_partitions, plan.bundle_size, start=index)
+    return partitioner.partition(tag, chunks)
+
+
+def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
+              grouping_input: str | None,
+              records: Iterable[tuple[str, bytes]]) -> Iterator[Record]:
+    """Runs one partition of an SDK stage; `records` are (input id, chunk)."""
+    plan: WorkerPlan = plan_bc.value
+    runtime = plan.runtime()
+    stage = plan.stages[stage_name]
+    operator = FusedStageOperator(
+        runtime, stage, side_bc.value if side_bc is not None else {}, plan.bundle_size)
+    with recorded_warnings(warnings_acc):
+        try:
+            if grouping_input is not None:
+                records = _grouped(runtime, plan, stage, grouping_input, records)
+            for input_id, chunk in records:
+                yield from operator.process_bundle([(input_id, chunk)])
+            yield from operator.on_watermark('input', MAX_WATERMARK)
+        finally:
+            if operator.metrics:
+                metrics_acc.add(operator.metrics)
+
+
+def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_id: str,
+             records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
+    spec = plan.groupings[stage.inputs[input_id]]
+    windowing = runtime.context.windowing_strategies.get_by_id(spec.windowing_strategy_id)
+    operator = GroupByKeyOperator(
+        runtime.coder_impl(spec.input_coder_id),
+        runtime.coder_impl(spec.output_coder_id),
+        runtime.coder_impl(spec.key_coder_id),
+        windowing, input_id, plan.bundle_size)
+    for record in records:
+        operator.process_bundle([record])
+    yield from operator.on_watermark('input', MAX_WATERMARK)

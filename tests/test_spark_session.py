@@ -1,0 +1,114 @@
+"""Tests of starting (or reusing) the SparkSession a pipeline runs on."""
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_streams_runner import spark_session
+from beam_streams_runner.options import StreamsSparkOptions
+from beam_streams_runner.spark_session import (
+    SparkMasterUnreachableError,
+    check_master_reachable,
+    get_or_create_spark,
+)
+
+
+@pytest.fixture
+def no_active_spark(monkeypatch):
+    """Pretend no SparkSession/SparkContext is active, and fail if a JVM would start."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, 'getActiveSession', classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkContext, '_active_spark_context', None)
+
+    def no_jvm():
+        raise AssertionError('ensure_java() was reached: a JVM would have started')
+
+    monkeypatch.setattr(spark_session, 'ensure_java', no_jvm)
+
+
+def _options(*flags):
+    return PipelineOptions(list(flags)).view_as(StreamsSparkOptions)
+
+
+def test_unreachable_master_fails_fast_before_any_jvm(no_active_spark):
+    from pyspark import SparkContext
+
+    start = time.monotonic()
+    with pytest.raises(SparkMasterUnreachableError) as info:
+        get_or_create_spark(_options('--spark_master=spark://127.0.0.1:1'), 'test')
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert 'spark://127.0.0.1:1' in message
+    assert 'start-master.sh' in message and '--spark_master=local[*]' in message
+    assert SparkContext._active_spark_context is None
+
+
+def test_unreachable_master_from_spark_conf(no_active_spark):
+    with pytest.raises(SparkMasterUnreachableError, match='spark://127.0.0.1:1'):
+        get_or_create_spark(_options('--spark_conf=spark.master=spark://127.0.0.1:1'), 'test')
+
+
+def test_error_is_runtime_error():
+    assert issubclass(SparkMasterUnreachableError, RuntimeError)
+
+
+def test_one_reachable_master_of_several_is_enough():
+    with socket.socket() as server:
+        server.bind(('127.0.0.1', 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_master_reachable(f'spark://127.0.0.1:1,127.0.0.1:{port}')
+        with pytest.raises(SparkMasterUnreachableError):
+            check_master_reachable('spark://127.0.0.1:1,127.0.0.1:2')
+
+
+@pytest.mark.parametrize('master', ['local', 'local[*]', 'yarn', 'k8s://https://x:6443'])
+def test_other_masters_are_not_probed(master):
+    check_master_reachable(master)
+
+
+def test_malformed_master_is_reported():
+    with pytest.raises(SparkMasterUnreachableError, match='host:port'):
+        check_master_reachable('spark://nohost')
+
+
+def test_active_session_is_reused(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    sentinel = object()
+    monkeypatch.setattr(SparkSession, 'getActiveSession', classmethod(lambda cls: sentinel))
+    assert get_or_create_spark(_options('--spark_master=spark://127.0.0.1:1'), 'x') is sentinel
+
+
+def test_new_session_gets_the_options():
+    """Starts a real local Spark, in a subprocess so that no session leaks into other tests."""
+    script = textwrap.dedent('''
+        import os
+        from apache_beam.options.pipeline_options import PipelineOptions
+        from beam_streams_runner.options import StreamsSparkOptions
+        from beam_streams_runner.spark_session import get_or_create_spark
+        opts = PipelineOptions(['--spark_master=local[2]', '--parallelism=3',
+                                '--spark_conf=spark.ui.enabled=false',
+                                '--spark_conf=spark.app.id.custom=yes'])
+        spark = get_or_create_spark(opts.view_as(StreamsSparkOptions), 'bsr-test')
+        sc = spark.sparkContext
+        conf = sc.getConf()
+        seeds = sc.parallelize(range(2), 2).map(
+            lambda _: os.environ.get('PYTHONHASHSEED')).collect()
+        print('RESULT', sc.master, sc.appName, sc.defaultParallelism,
+              conf.get('spark.app.id.custom'), conf.get('spark.python.worker.reuse'),
+              ','.join(seeds), get_or_create_spark(opts, 'again') is spark)
+        spark.stop()
+    ''')
+    proc = subprocess.run([sys.executable, '-c', script], check=False, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = [line for line in proc.stdout.splitlines() if line.startswith('RESULT')]
+    assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True'], proc.stdout

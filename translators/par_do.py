@@ -1,0 +1,333 @@
+"""ParDo, and every SDK-side primitive fused with it: one Spark stage's Python work.
+
+Design sections 3, 4 and 7. A fused stage (ParDos incl. multi-output and
+splittable ones, WindowInto/AssignWindows, the lifted halves of Combine,
+single-input Flatten) runs through Beam's SDK harness (`WorkerRuntime`): one
+bundle in, one harness bundle (`start_bundle` ... `finish_bundle`, then bundle
+finalization), its outputs out as chunks per output buffer.
+
+Stateful stages get their input partitioned by key (see `group_by_key`); their
+user state lives in the partition's `KeyedStateStore` and their timers in
+`TimerQueue`s, one for event time and one for processing time. When the input
+watermark advances, due event-time timers fire, per key in timestamp order; at
+the end of a bounded input the processing-time clock also jumps to +inf (as in
+Beam's batch runners), so every timer fires before the partition ends. Expired
+keys are then dropped through the ordered expiry index.
+
+Source-level bundling (design section 4): a stage reading a splittable DoFn
+(every bounded read after its initial split, see `read`) is checkpointed
+by the runner after `bundle_size` output elements, so each source bundle holds
+at most `bundle_size` elements and `start_bundle`/`finish_bundle` run once per
+source bundle. SDF residuals (runner checkpoints and the DoFn's own
+self-checkpoints) are fed back as new bundles of the same stage.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+from apache_beam.coders.coder_impl import create_OutputStream
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner.execution import BundleContextManager
+from apache_beam.utils import proto_utils
+
+from beam_streams_runner.errors import StageExecutionError
+from beam_streams_runner.metrics import MetricTotals
+from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
+from beam_streams_runner.plan import StagePlan
+from beam_streams_runner.records import Record, decode_with_raw
+from beam_streams_runner.state.keyed_state import KeyedStateStore
+from beam_streams_runner.state.state_handler import PartitionStateHandler
+from beam_streams_runner.state.timers import TimerQueue
+from beam_streams_runner.translators.read import set_source_bundle_listener
+from beam_streams_runner.worker_runtime import WorkerRuntime
+
+_PROCESSING_TIME = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
+# "Split right after the current position": the smallest fraction trackers accept.
+_CHECKPOINT_FRACTION = 1e-9
+_PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+
+
+class FusedStageOperator(Operator):
+    """One partition of a fused stage, run by the in-process SDK harness."""
+
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        stage: StagePlan,
+        side_inputs: Mapping[bytes, bytes],
+        bundle_size: int = 0,
+        channels=('input',),
+    ) -> None:
+        super().__init__(channels)
+        self.runtime = runtime
+        self.stage = stage
+        self.descriptor_id = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+            stage.descriptor).id
+        self._descriptor = None
+        self.event_timers = TimerQueue()
+        self.processing_timers = TimerQueue()
+        self.keyed_state = KeyedStateStore()
+        self._window_coders: dict[str, object] = {}
+        self._window_ends: dict[tuple[str, bytes], int] = {}
+        self._allowed_lateness = 0
+        self.metrics = MetricTotals()
+        self._bundle_size = bundle_size
+        self._splittable_inputs = self._inputs_of_splittable_dofns()
+        if stage.stateful:
+            self._prepare_state()
+        self.state = PartitionStateHandler(
+            self.keyed_state, side_inputs,
+            self._window_max_timestamp if stage.stateful else None)
+        self._timer_coders = {
+            family: runtime.coder_impl(coder_id)
+            for family, (coder_id, _) in stage.timer_families.items()
+        }
+        self._timer_key_coders = {
+            family: runtime.coder_impl(
+                runtime.components.coders[coder_id].component_coder_ids[0])
+            for family, (coder_id, _) in stage.timer_families.items()
+        }
+
+    # The operator contract -------------------------------------------------------
+    def process_bundle(self, bundle: Bundle) -> list[Record]:
+        data: dict[str, list[bytes]] = collections.defaultdict(list)
+        for input_id, chunk in bundle:
+            data[input_id].append(chunk)
+        return self._run(data, {})
+
+    def on_input_watermark(self, watermark: int) -> list[Record]:
+        outputs: list[Record] = []
+        while True:
+            due = self.event_timers.pop_due(watermark)
+            if not due and watermark >= MAX_WATERMARK:
+                # The bounded input is exhausted: processing time runs out too.
+                due = self.processing_timers.pop_due(MAX_WATERMARK)
+            if not due:
+                break
+            outputs.extend(self._fire(due))
+        if self.stage.stateful:
+            self.keyed_state.expire(watermark, self._allowed_lateness, self._is_pinned)
+        return outputs
+
+    def output_watermark(self) -> int:
+        holds = [self.watermarks.current()]
+        for queue in (self.event_timers, self.processing_timers):
+            hold = queue.min_hold()
+            if hold is not None:
+                holds.append(hold)
+        return min(holds)
+
+    # Running harness bundles -----------------------------------------------------
+    def _run(self, data: dict[str, list[bytes]], fired: dict) -> list[Record]:
+        self.runtime.state_router.target = self.state
+        outputs: list[Record] = []
+        pending = [(data, fired)]
+        while pending:
+            data, fired = pending.pop()
+            response, cuts = self._run_bundle(data, fired, outputs)
+            residuals: dict[str, list[bytes]] = collections.defaultdict(list)
+            delays = [0.0]
+            for cut in cuts:
+                self._collect_unprocessed(cut, data, residuals)
+            for root in response.residual_roots:
+                input_id = BundleContextManager.input_for(
+                    self._descriptor_view(), root.application.transform_id,
+                    root.application.input_id)
+                residuals[input_id].append(root.application.element)
+                delays.append(root.requested_time_delay.ToTimedelta().total_seconds())
+            if residuals:
+                # A self-checkpointing DoFn asked to be resumed later (e.g. a
+                # PeriodicImpulse waiting for its next firing time).
+                if min(delays) > 0:
+                    time.sleep(min(delays))
+                pending.append((residuals, {}))
+        return outputs
+
+    def _run_bundle(self, data, fired, outputs: list[Record]):
+        runtime = self.runtime
+        conn = runtime.data_conn
+        instruction_id = runtime.next_instruction_id()
+        for transform_id, family in self.stage.timer_families:
+            stream = conn.output_timer_stream(instruction_id, transform_id, family)
+            for timers in fired.get((transform_id, family), ()):
+                stream.write(timers)
+            stream.close()
+        for input_id in self.stage.inputs:
+            stream = conn.output_stream(instruction_id, input_id)
+            for chunk in data.get(input_id, ()):
+                stream.write(chunk)
+            stream.close()
+        request = beam_fn_api_pb2.InstructionRequest(
+            instruction_id=instruction_id,
+            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
+                process_bundle_descriptor_id=self.descriptor_id))
+        cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
+        if self._splittable_inputs and self._bundle_size and not fired:
+            set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
+        try:
+            try:
+                response = runtime.worker.do_instruction(request)
+            finally:
+                set_source_bundle_listener(None)
+            if response.error:
+                raise RuntimeError(response.error)
+            by_output: dict[str, list[bytes]] = collections.defaultdict(list)
+            for element in conn.input_elements(instruction_id, None):
+                if isinstance(element, beam_fn_api_pb2.Elements.Timers):
+                    self._record_timers(element)
+                elif element.data:
+                    by_output[element.transform_id].append(element.data)
+            for transform_id, parts in by_output.items():
+                outputs.append((self.stage.outputs[transform_id], b''.join(parts)))
+            if response.process_bundle.requires_finalization:
+                finalized = runtime.worker.do_instruction(
+                    beam_fn_api_pb2.InstructionRequest(
+                        instruction_id=runtime.next_instruction_id(),
+                        finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(
+                            instruction_id=instruction_id)))
+                if finalized.error:
+                    raise RuntimeError(finalized.error)
+        except Exception as exc:  # noqa: BLE001 - any user failure is rewrapped with its step
+            # Drop whatever the failed bundle left on the channel.
+            list(conn.input_elements(instruction_id, None))
+            raise StageExecutionError.from_exception(exc, self.stage.display_name) from None
+        self.metrics.add_monitoring_infos(response.process_bundle.monitoring_infos)
+        return response.process_bundle, cuts
+
+    # Source-level bundling ---------------------------------------------------------
+    def _inputs_of_splittable_dofns(self) -> set[str]:
+        """The inputs read by a splittable DoFn (sources, after their initial split)."""
+        descriptor = self._descriptor_view()
+        inputs = set()
+        for transform_id, transform in descriptor.process_bundle_descriptor.transforms.items():
+            if transform.spec.urn == _PROCESS_SIZED_ELEMENTS:
+                for input_tag in transform.inputs:
+                    try:
+                        inputs.add(BundleContextManager.input_for(
+                            descriptor, transform_id, input_tag))
+                    except RuntimeError:
+                        continue  # a side input
+        return inputs
+
+    def _bundle_cutter(self, instruction_id: str, data, cuts: list):
+        """Checkpoints the source's restriction once `bundle_size` elements came out.
+
+        This is a runner-initiated split just after the current position (a
+        checkpoint), through the harness's own splitting protocol: the rest of
+        the restriction comes back as a residual and is read as the next bundle.
+        A tracker may refuse (byte-offset trackers only split between records);
+        the split is then asked again at the next element.
+        """
+        runtime = self.runtime
+        limit = self._bundle_size
+        written = 0
+
+        def on_element() -> None:
+            nonlocal written
+            written += 1
+            if written < limit or any(cut.residual_roots for cut in cuts):
+                return
+            processor = runtime.processors.lookup(instruction_id)
+            if processor is None:
+                return
+            desired = {
+                input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
+                    fraction_of_remainder=_CHECKPOINT_FRACTION,
+                    estimated_input_elements=self._count(input_id, data))
+                for input_id in self._splittable_inputs
+            }
+            cut = processor.try_split(beam_fn_api_pb2.ProcessBundleSplitRequest(
+                instruction_id=instruction_id, desired_splits=desired))
+            if cut.residual_roots or cut.channel_splits:
+                cuts.append(cut)
+
+        return on_element
+
+    def _count(self, input_id: str, data) -> int:
+        coder = self.runtime.coder_impl(self.stage.input_coders[input_id])
+        return sum(1 for chunk in data.get(input_id, ()) for _ in decode_with_raw(coder, chunk))
+
+    def _collect_unprocessed(self, cut, data, residuals: dict[str, list[bytes]]) -> None:
+        """Adds what a split left over (residual roots and unread inputs) to `residuals`."""
+        for root in cut.residual_roots:
+            input_id = BundleContextManager.input_for(
+                self._descriptor_view(), root.application.transform_id,
+                root.application.input_id)
+            residuals[input_id].append(root.application.element)
+        for channel in cut.channel_splits:
+            coder = self.runtime.coder_impl(self.stage.input_coders[channel.transform_id])
+            raw = [encoded for chunk in data.get(channel.transform_id, ())
+                   for _, encoded in decode_with_raw(coder, chunk)]
+            residuals[channel.transform_id].extend(raw[channel.first_residual_element:])
+
+    # Timers ------------------------------------------------------------------------
+    def _record_timers(self, element: beam_fn_api_pb2.Elements.Timers) -> None:
+        family = (element.transform_id, element.timer_family_id)
+        coder = self._timer_coders[family]
+        key_coder = self._timer_key_coders[family]
+        _, domain = self.stage.timer_families[family]
+        queue = self.processing_timers if domain == _PROCESSING_TIME else self.event_timers
+        for timer in coder.decode_all(element.timers):
+            key = key_coder.encode_nested(timer.user_key)
+            timer_id = (key, family, timer.dynamic_timer_tag, tuple(timer.windows))
+            if timer.clear_bit:
+                queue.clear(timer_id)
+            else:
+                queue.set(timer_id, timer.fire_timestamp.micros, timer,
+                          timer.hold_timestamp.micros)
+
+    def _fire(self, due) -> list[Record]:
+        by_family: dict[tuple[str, str], object] = {}
+        for pending in due:
+            family = pending.timer_id[1]
+            stream = by_family.get(family)
+            if stream is None:
+                stream = by_family[family] = create_OutputStream()
+            self._timer_coders[family].encode_to_stream(pending.payload, stream, True)
+        fired = {family: [stream.get()] for family, stream in by_family.items()}
+        return self._run({}, fired)
+
+    def _is_pinned(self, key: bytes) -> bool:
+        return (self.event_timers.has_timers_for_key(key)
+                or self.processing_timers.has_timers_for_key(key))
+
+    # Keyed state -------------------------------------------------------------------
+    def _prepare_state(self) -> None:
+        descriptor = self._descriptor_view().process_bundle_descriptor
+        lateness_ms = 0
+        for transform_id, transform in descriptor.transforms.items():
+            if transform.spec.urn != 'beam:transform:pardo:v1':
+                continue
+            payload = proto_utils.parse_Bytes(
+                transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+            if not (payload.state_specs or payload.timer_family_specs):
+                continue
+            main_input = next(
+                pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
+            strategy = descriptor.windowing_strategies[
+                descriptor.pcollections[main_input].windowing_strategy_id]
+            self._window_coders[transform_id] = self.runtime.coder_impl(strategy.window_coder_id)
+            lateness_ms = max(lateness_ms, strategy.allowed_lateness)
+        self._allowed_lateness = lateness_ms * 1000
+
+    def _window_max_timestamp(self, transform_id: str, window: bytes) -> int:
+        cache_key = (transform_id, window)
+        end = self._window_ends.get(cache_key)
+        if end is None:
+            coder = self._window_coders.get(transform_id)
+            end = (coder.decode(window).max_timestamp().micros if coder is not None
+                   else MAX_WATERMARK)
+            self._window_ends[cache_key] = end
+        return end
+
+    def _descriptor_view(self) -> SimpleNamespace:
+        if self._descriptor is None:
+            self._descriptor = SimpleNamespace(
+                process_bundle_descriptor=beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+                    self.stage.descriptor))
+        return self._descriptor
