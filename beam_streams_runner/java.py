@@ -144,7 +144,7 @@ def _java_home_of(java: str) -> str:
 
 
 def _lacks_vector_module(java_home: str) -> bool:
-    """True when the runtime's `release` file lists its modules and jdk.incubator.vector is not one."""
+    """True when the runtime's `release` file lists its modules, without jdk.incubator.vector."""
     try:
         with open(os.path.join(java_home, 'release'), encoding='utf-8') as release:
             text = release.read()
@@ -169,7 +169,7 @@ def _cache_root() -> str:
 
 
 def _shim_java_home(java_home: str) -> str:
-    """A JAVA_HOME whose bin/java runs `java_home`'s java without --add-modules=jdk.incubator.vector."""
+    """A JAVA_HOME whose bin/java runs `java_home`'s java minus the vector-module flag."""
     if os.path.exists(os.path.join(java_home, _SHIM_MARKER)):
         return java_home  # already one of ours (JAVA_HOME inherited from an earlier call)
     real_java = os.path.join(java_home, 'bin', 'java')

@@ -1,5 +1,6 @@
 """Tests of starting (or reusing) the SparkSession a pipeline runs on."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def test_unreachable_master_fails_fast_before_any_jvm(no_active_spark):
 
 
 def test_unreachable_master_from_spark_conf(no_active_spark):
-    with pytest.raises(SparkMasterUnreachableError, match='spark://127.0.0.1:1'):
+    with pytest.raises(SparkMasterUnreachableError, match=re.escape('spark://127.0.0.1:1')):
         get_or_create_spark(_options('--spark_conf=spark.master=spark://127.0.0.1:1'), 'test')
 
 

@@ -55,3 +55,4 @@ for _name in BEAM_SKIPPED:
 for _name, _reason in SKIPPED.items():
     for _cls in (StreamsSparkRunnerConformanceTest, BeamSkippedConformanceTest):
         setattr(_cls, _name, unittest.skip(_reason)(getattr(_cls, _name)))
+del _cls, _name, _reason
