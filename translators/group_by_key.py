@@ -18,10 +18,11 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator
 
+from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.transforms import trigger
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
-from beam_streams_runner.records import ChunkBuilder, Record, decode_with_raw
+from beam_streams_runner.records import ChunkBuilder, Record
 
 
 class KeyPartitioner:
@@ -35,22 +36,30 @@ class KeyPartitioner:
         self._bundle_size = bundle_size
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
+        # The per-element loop is inlined: it runs for every element of a shuffle.
         n = self._num_partitions
-        builders: dict[int, ChunkBuilder] = {}
+        limit = self._bundle_size
+        pending: list[list[bytes]] = [[] for _ in range(n)]
         encode_key = self._key_coder.encode_nested
+        decode = self._element_coder.decode_from_stream
+        crc32 = zlib.crc32
         for chunk in chunks:
-            for windowed, raw in decode_with_raw(self._element_coder, chunk):
-                target = zlib.crc32(encode_key(windowed.value[0])) % n
-                builder = builders.get(target)
-                if builder is None:
-                    builder = builders[target] = ChunkBuilder(self._bundle_size)
-                full = builder.add(raw)
-                if full is not None:
-                    yield target, (tag, full)
-        for target, builder in builders.items():
-            rest = builder.flush()
-            if rest is not None:
-                yield target, (tag, rest)
+            stream = create_InputStream(chunk)
+            total = len(chunk)
+            start = 0
+            while stream.size() > 0:
+                windowed = decode(stream, True)
+                end = total - stream.size()
+                target = crc32(encode_key(windowed.value[0])) % n
+                parts = pending[target]
+                parts.append(chunk[start:end])
+                start = end
+                if len(parts) >= limit:
+                    yield target, (tag, b''.join(parts))
+                    pending[target] = []
+        for target, parts in enumerate(pending):
+            if parts:
+                yield target, (tag, b''.join(parts))
 
 
 class GroupByKeyOperator(Operator):
@@ -70,8 +79,9 @@ class GroupByKeyOperator(Operator):
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         encode_key = self._key_coder.encode_nested
         buffers = self._buffers
+        decode_all = self._input_coder.decode_all
         for _, chunk in bundle:
-            for windowed, _ in decode_with_raw(self._input_coder, chunk):
+            for windowed in decode_all(chunk):
                 key, value = windowed.value
                 encoded = encode_key(key)
                 entry = buffers.get(encoded)

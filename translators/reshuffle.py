@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from beam_streams_runner.records import ChunkBuilder, Record, decode_with_raw
+from beam_streams_runner.records import Record, decode_with_raw
 
 
 class RoundRobinPartitioner:
@@ -28,19 +28,23 @@ class RoundRobinPartitioner:
         self._next = start
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
+        # The per-element loop is inlined: it runs for every element reshuffled.
         n = self._num_partitions
-        builders = [ChunkBuilder(self._bundle_size) for _ in range(n)]
+        limit = self._bundle_size
+        pending: list[list[bytes]] = [[] for _ in range(n)]
         transcode = self._transcode
+        target = self._next % n
         for chunk in chunks:
             for value, raw in decode_with_raw(self._input_coder, chunk):
                 if transcode is not None:
                     raw = transcode.encode_nested(value)
-                target = self._next % n
-                self._next += 1
-                full = builders[target].add(raw)
-                if full is not None:
-                    yield target, (tag, full)
-        for target, builder in enumerate(builders):
-            rest = builder.flush()
-            if rest is not None:
-                yield target, (tag, rest)
+                parts = pending[target]
+                parts.append(raw)
+                if len(parts) >= limit:
+                    yield target, (tag, b''.join(parts))
+                    pending[target] = []
+                target = target + 1 if target + 1 < n else 0
+        self._next = target
+        for index, parts in enumerate(pending):
+            if parts:
+                yield index, (tag, b''.join(parts))
