@@ -1,7 +1,7 @@
 """The SDK harness inside a PySpark Python worker, one per pipeline run.
 
 Design section 9: user code runs through Beam's own SDK harness
-(`SdkWorker` / `BundleProcessor`, which drive `DoFnRunner`), in process, over an
+(`BundleProcessor`, which drives `DoFnRunner`), in process, over an
 in-memory data channel; no gRPC, no Docker, no job server. A Python worker
 process keeps one `WorkerRuntime` per pipeline run, so bundle processors (and
 the user DoFns' `setup`) are reused by every task of that run that lands in the
@@ -109,7 +109,6 @@ class WorkerRuntime:
             SingletonStateHandlerFactory(caching_handler),
             data_plane.InMemoryDataChannelFactory(self.data_conn.inverse()),
             fns)
-        self.worker = sdk_worker.SdkWorker(self.processors)
         self._ids = itertools.count()
         self._coder_impls: dict[str, object] = {}
 

@@ -129,12 +129,12 @@ class FusedStageOperator(Operator):
         pending = [(data, fired)]
         while pending:
             data, fired = pending.pop()
-            response, cuts = self._run_bundle(data, fired, outputs)
+            delayed, cuts = self._run_bundle(data, fired, outputs)
             residuals: dict[str, list[bytes]] = collections.defaultdict(list)
             delays = [0.0]
             for cut in cuts:
                 self._collect_unprocessed(cut, data, residuals)
-            for root in response.residual_roots:
+            for root in delayed:
                 input_id = BundleContextManager.input_for(
                     self._descriptor_view(), root.application.transform_id,
                     root.application.input_id)
@@ -162,20 +162,18 @@ class FusedStageOperator(Operator):
             for chunk in data.get(input_id, ()):
                 stream.write(chunk)
             stream.close()
-        request = beam_fn_api_pb2.InstructionRequest(
-            instruction_id=instruction_id,
-            process_bundle=beam_fn_api_pb2.ProcessBundleRequest(
-                process_bundle_descriptor_id=self.descriptor_id))
         cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
         if self._splittable_inputs and self._bundle_size and not fired:
             set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
+        # The harness's bundle processor is driven directly (what SdkWorker does,
+        # minus building every system MonitoringInfo of every step per bundle).
+        processor = runtime.processors.get(instruction_id, self.descriptor_id)
         try:
             try:
-                response = runtime.worker.do_instruction(request)
+                with processor.state_handler.process_instruction_id(instruction_id, ()):
+                    delayed, requires_finalization = processor.process_bundle(instruction_id)
             finally:
                 set_source_bundle_listener(None)
-            if response.error:
-                raise RuntimeError(response.error)
             by_output: dict[str, list[bytes]] = collections.defaultdict(list)
             for element in conn.input_elements(instruction_id, None):
                 if isinstance(element, beam_fn_api_pb2.Elements.Timers):
@@ -184,20 +182,20 @@ class FusedStageOperator(Operator):
                     by_output[element.transform_id].append(element.data)
             for transform_id, parts in by_output.items():
                 outputs.append((self.stage.outputs[transform_id], b''.join(parts)))
-            if response.process_bundle.requires_finalization:
-                finalized = runtime.worker.do_instruction(
-                    beam_fn_api_pb2.InstructionRequest(
-                        instruction_id=runtime.next_instruction_id(),
-                        finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(
-                            instruction_id=instruction_id)))
-                if finalized.error:
-                    raise RuntimeError(finalized.error)
+            self.metrics.add_monitoring_infos(
+                info
+                for transform_id, op in processor.ops.items()
+                for info in op.metrics_container.to_runner_api_monitoring_infos(
+                    transform_id).values())
+            if requires_finalization:
+                processor.finalize_bundle()
+            runtime.processors.release(instruction_id)
         except Exception as exc:  # noqa: BLE001 - any user failure is rewrapped with its step
+            runtime.processors.discard(instruction_id, exc)
             # Drop whatever the failed bundle left on the channel.
             list(conn.input_elements(instruction_id, None))
             raise StageExecutionError.from_exception(exc, self.stage.display_name) from None
-        self.metrics.add_monitoring_infos(response.process_bundle.monitoring_infos)
-        return response.process_bundle, cuts
+        return delayed, cuts
 
     # Source-level bundling ---------------------------------------------------------
     def _inputs_of_splittable_dofns(self) -> set[str]:
