@@ -20,9 +20,14 @@ from collections.abc import Iterable, Iterator
 
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.transforms import trigger
+from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
 from beam_streams_runner.records import ChunkBuilder, Record
+
+_ONLY_PANE = PaneInfo(
+    is_first=True, is_last=True, timing=PaneInfoTiming.ON_TIME, index=0, nonspeculative_index=0)
 
 
 class KeyPartitioner:
@@ -75,11 +80,15 @@ class GroupByKeyOperator(Operator):
         self._output_id = output_id
         self._bundle_size = bundle_size
         self._buffers: dict[bytes, tuple[object, list]] = {}
+        # Global window, default trigger: one pane per key at the end, as
+        # Beam's own batch grouping does; values are kept without their windows.
+        self._trivial = windowing.is_default()
 
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         encode_key = self._key_coder.encode_nested
         buffers = self._buffers
         decode_all = self._input_coder.decode_all
+        trivial = self._trivial
         for _, chunk in bundle:
             for windowed in decode_all(chunk):
                 key, value = windowed.value
@@ -87,20 +96,27 @@ class GroupByKeyOperator(Operator):
                 entry = buffers.get(encoded)
                 if entry is None:
                     entry = buffers[encoded] = (key, [])
-                entry[1].append(windowed.with_value(value))
+                entry[1].append(value if trivial else windowed.with_value(value))
         return []
+
+    def _panes(self):
+        if self._trivial:
+            in_global_window = GlobalWindows.windowed_value(
+                None, timestamp=GlobalWindow().max_timestamp(), pane_info=_ONLY_PANE).with_value
+            return lambda key, values: (in_global_window((key, values)),)
+        return trigger.create_trigger_driver(self._windowing, is_batch=True).process_entire_key
 
     def on_input_watermark(self, watermark: int) -> list[Record]:
         if watermark < MAX_WATERMARK:
             # Firing before the end of input is the streaming driver's work
             # (trigger driver in streaming mode); the batch driver only ends inputs.
             return []
-        driver = trigger.create_trigger_driver(self._windowing, is_batch=True)
+        panes = self._panes()
         builder = ChunkBuilder(self._bundle_size)
         out: list[Record] = []
         encode = self._output_coder.encode_nested
         for key, values in self._buffers.values():
-            for grouped in driver.process_entire_key(key, values):
+            for grouped in panes(key, values):
                 full = builder.add(encode(grouped))
                 if full is not None:
                     out.append((self._output_id, full))
