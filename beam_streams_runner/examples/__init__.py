@@ -1,0 +1,1 @@
+"""Example Beam pipelines that run on StreamsSparkRunner (and on any other Beam runner)."""

@@ -1,0 +1,174 @@
+"""Shared fixtures and helpers of the StreamsSparkRunner tests.
+
+* One SparkSession (`local[2]`) for the whole test session: the runner reuses
+  the active session, so every pipeline of every test runs on it and Spark
+  starts once.
+* `run_both(build)` runs the same pipeline builder on Beam's DirectRunner and on
+  StreamsSparkRunner and returns both outputs, each as the sorted list of the
+  canonical text form of its elements. Outputs go through `WriteToText` into a
+  temporary directory and are read back from all shards: a Python list cannot
+  collect elements produced in Spark's worker processes. `assert_same_as_direct`
+  asserts that both are equal.
+* Test modules under `tests/` are pickled by value (not by reference), so the
+  DoFns and functions they define at module level can be unpickled in Spark's
+  Python workers, which cannot import the test modules.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+import apache_beam as beam
+import pytest
+from apache_beam.internal import cloudpickle as beam_cloudpickle
+from apache_beam.io import WriteToText
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms.window import GlobalWindows
+
+from beam_streams_runner import StreamsSparkRunner
+
+SPARK_ARGS = ['--spark_master=local[2]']
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+Outputs = dict[str, list[str]]
+Builder = Callable[[beam.Pipeline], 'beam.PCollection | Mapping[str, beam.PCollection]']
+
+
+def canonical(value) -> str:
+    """A text form of `value` that does not depend on the order of unordered parts.
+
+    Lists (e.g. the values of a GroupByKey) and sets are sorted, dicts by key;
+    tuples keep their order. Timestamps and windows use their repr.
+    """
+    return repr(_canonical(value))
+
+
+def _canonical(value):
+    if isinstance(value, tuple) and not hasattr(value, '_fields'):
+        return tuple(_canonical(v) for v in value)
+    if isinstance(value, (list, set, frozenset)) or _is_iterable_view(value):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return sorted(((_canonical(k), _canonical(v)) for k, v in value.items()), key=repr)
+    return value
+
+
+def _is_iterable_view(value) -> bool:
+    # GroupByKey values may come as a lazy iterable (e.g. `_UnwindowedValues`).
+    return (not isinstance(value, (str, bytes, dict, tuple))
+            and hasattr(value, '__iter__') and not hasattr(value, '__next__')
+            and type(value).__module__.startswith('apache_beam'))
+
+
+def read_shards(prefix: str) -> list[str]:
+    lines: list[str] = []
+    for path in sorted(glob.glob(prefix + '*')):
+        if os.path.isfile(path):
+            with open(path, encoding='utf-8') as f:
+                lines.extend(line.rstrip('\n') for line in f)
+    return sorted(lines)
+
+
+def run_pipeline(build: Builder, runner, out_dir: str, args: Sequence[str] = (),
+                 fmt: Callable[[object], str] = canonical) -> Outputs:
+    """Runs `build` on `runner`; returns each output's sorted text lines.
+
+    All outputs go to one `WriteToText` (each line prefixed by its output's
+    name): every file sink costs the runner a few Spark jobs (its finalization
+    reads side inputs), so one sink per pipeline keeps the tests fast.
+    """
+    options = PipelineOptions(list(args))
+    with beam.Pipeline(runner=runner, options=options) as p:
+        outputs = build(p)
+        if not isinstance(outputs, Mapping):
+            outputs = {'out': outputs}
+        names = list(outputs)
+        # Outputs may be windowed differently; Flatten needs one windowing.
+        lines = [
+            pcoll
+            | f'Format {name}' >> beam.Map(_tagged_line, name, fmt)
+            | f'Rewindow {name}' >> beam.WindowInto(GlobalWindows())
+            for name, pcoll in outputs.items()
+        ]
+        merged = lines[0] if len(lines) == 1 else lines | 'Outputs' >> beam.Flatten()
+        merged | 'Write' >> WriteToText(os.path.join(out_dir, 'part'))
+    result: Outputs = {name: [] for name in names}
+    for line in read_shards(os.path.join(out_dir, 'part')):
+        name, _, text = line.partition('\t')
+        result[name].append(text)
+    return result
+
+
+def _tagged_line(element, name: str, fmt: Callable[[object], str]) -> str:
+    return f'{name}\t{fmt(element)}'
+
+
+def spark_runner() -> StreamsSparkRunner:
+    return StreamsSparkRunner()
+
+
+@pytest.fixture(scope='session')
+def spark_args() -> list[str]:
+    return list(SPARK_ARGS)
+
+
+@pytest.fixture(scope='session')
+def spark_session():
+    """The SparkSession shared by every test (the runner reuses the active one)."""
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder
+               .master('local[2]')
+               .appName('beam-streams-runner-tests')
+               .config('spark.ui.showConsoleProgress', 'false')
+               .getOrCreate())
+    session.sparkContext.setLogLevel('ERROR')
+    yield session
+    # Left running: other test sessions in this process (conformance) reuse it,
+    # and the JVM goes down with the interpreter.
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _pickle_test_modules_by_value():
+    """Ship module-level test code to Spark workers by value."""
+    for module in list(sys.modules.values()):
+        path = getattr(module, '__file__', None) or ''
+        if (path.startswith(TESTS_DIR + os.sep)
+                and os.path.basename(path).startswith(('test_', 'conftest'))):
+            beam_cloudpickle.register_pickle_by_value(module)
+    yield
+
+
+@pytest.fixture
+def run_both(tmp_path, spark_session, spark_args):
+    """`run_both(build, args=(), fmt=canonical) -> (direct outputs, spark outputs)`.
+
+    `build(p)` adds the pipeline under test to `p` and returns a PCollection or
+    a dict of named PCollections; each is written to text and read back sorted.
+    `args` are extra pipeline options for both runners.
+    """
+    def run(build: Builder, args: Sequence[str] = (),
+            fmt: Callable[[object], str] = canonical) -> tuple[Outputs, Outputs]:
+        run_id = uuid.uuid4().hex[:8]
+        direct = run_pipeline(build, 'DirectRunner', str(tmp_path / f'direct-{run_id}'),
+                              list(args), fmt)
+        spark = run_pipeline(build, spark_runner(), str(tmp_path / f'spark-{run_id}'),
+                             list(spark_args) + list(args), fmt)
+        return direct, spark
+    return run
+
+
+@pytest.fixture
+def assert_same_as_direct(run_both):
+    """Runs `build` on both runners and asserts equal, non-trivial outputs."""
+    def check(build: Builder, args: Sequence[str] = (),
+              fmt: Callable[[object], str] = canonical, allow_empty: bool = False) -> Outputs:
+        direct, spark = run_both(build, args, fmt)
+        if not allow_empty:
+            assert any(direct.values()), f'the DirectRunner produced no output: {direct}'
+        assert spark == direct
+        return spark
+    return check
