@@ -75,3 +75,16 @@ def test_with_statement_and_wait_with_duration(spark_session, spark_args):
     state = result.wait_until_finish(duration=120_000)
     assert state == 'DONE'
     assert result.wait_until_finish() == 'DONE'
+
+
+def test_test_pipeline_with_test_pipeline_options(spark_session):
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    p = TestPipeline(argv=[
+        '--test-pipeline-options=--runner=StreamsSparkRunner --spark_master=local[2]'])
+    assert p.options.view_as(beam.options.pipeline_options.StandardOptions).runner == (
+        'StreamsSparkRunner')
+    assert_that(p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 2), equal_to([2, 4, 6]))
+    result = p.run()
+    assert isinstance(p.runner, StreamsSparkRunner)
+    assert result.state == PipelineState.DONE
