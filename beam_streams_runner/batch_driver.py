@@ -197,7 +197,8 @@ class BatchDriver:
                 input_coder_id=input_coder,
                 key_coder_id=_kv_key_coder_id(context, input_coder),
                 output_coder_id=context.data_channel_coders[output_pcoll],
-                windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id)
+                windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id,
+                step_name=transform.unique_name)
         return groupings
 
 

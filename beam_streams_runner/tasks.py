@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 
+from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import StagePlan
 from beam_streams_runner.records import Record
@@ -32,6 +33,7 @@ class GroupingSpec:
     key_coder_id: str
     output_coder_id: str
     windowing_strategy_id: str
+    step_name: str
 
 
 @dataclasses.dataclass
@@ -115,6 +117,10 @@ def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_i
         runtime.coder_impl(spec.output_coder_id),
         runtime.coder_impl(spec.key_coder_id),
         windowing, input_id, plan.bundle_size)
-    for record in records:
-        operator.process_bundle([record])
-    yield from operator.on_watermark('input', MAX_WATERMARK)
+    try:
+        for record in records:
+            operator.process_bundle([record])
+        grouped = operator.on_watermark('input', MAX_WATERMARK)
+    except Exception as exc:  # noqa: BLE001 - rewrapped with the GroupByKey's step name
+        raise StageExecutionError.from_exception(exc, f"Beam step '{spec.step_name}'") from None
+    yield from grouped

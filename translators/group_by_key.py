@@ -15,12 +15,15 @@ shuffle and the merge of accumulators after it, both in the SDK harness.
 
 from __future__ import annotations
 
+import functools
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.transforms import trigger
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
@@ -28,6 +31,34 @@ from beam_streams_runner.records import ChunkBuilder, Record
 
 _ONLY_PANE = PaneInfo(
     is_first=True, is_last=True, timing=PaneInfoTiming.ON_TIME, index=0, nonspeculative_index=0)
+
+
+def _process_entire_key(driver, key, windowed_values):
+    """`GeneralTriggerDriver.process_entire_key`, with processing-time timers.
+
+    Beam 2.77's version asks for due timers without a processing time, so any
+    processing-time trigger (e.g. NEXMark Q12's) fails with a TypeError; here
+    both the watermark and processing time stand at +inf once the bounded input
+    has ended, so every pending pane fires.
+    """
+    state = trigger.InMemoryUnmergedState()
+    for wvalue in driver.process_elements(state, windowed_values, MIN_TIMESTAMP, MIN_TIMESTAMP):
+        yield wvalue.with_value((key, wvalue.value))
+    while state.timers:
+        fired, _ = state.get_timers(
+            clear=True, watermark=MAX_TIMESTAMP, processing_time=MAX_TIMESTAMP)
+        if not fired:
+            break  # only timers set beyond the end of time remain
+        for timer_window, (name, time_domain, fire_time, _) in fired:
+            for wvalue in driver.process_timer(timer_window, name, time_domain, fire_time, state):
+                yield wvalue.with_value((key, wvalue.value))
+
+
+class _WallClock:
+    """Processing time while elements are grouped; it jumps to +inf at the end."""
+
+    def time(self) -> float:
+        return time.time()
 
 
 class KeyPartitioner:
@@ -104,7 +135,11 @@ class GroupByKeyOperator(Operator):
             in_global_window = GlobalWindows.windowed_value(
                 None, timestamp=GlobalWindow().max_timestamp(), pane_info=_ONLY_PANE).with_value
             return lambda key, values: (in_global_window((key, values)),)
-        return trigger.create_trigger_driver(self._windowing, is_batch=True).process_entire_key
+        driver = trigger.create_trigger_driver(
+            self._windowing, is_batch=True, clock=_WallClock())
+        if isinstance(driver, trigger.GeneralTriggerDriver):
+            return functools.partial(_process_entire_key, driver)
+        return driver.process_entire_key
 
     def on_input_watermark(self, watermark: int) -> list[Record]:
         if watermark < MAX_WATERMARK:
