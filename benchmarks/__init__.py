@@ -1,0 +1,1 @@
+"""Benchmarks of the StreamsSparkRunner (NEXMark, micro benchmarks); see DESIGN.md section 10."""
