@@ -16,22 +16,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import pickle
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from apache_beam.testing.benchmarks.nexmark.models import nexmark_model
+from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util
+from apache_beam.utils.timestamp import Timestamp
 
-# `pytest` (unlike `python -m pytest`) does not put the repository root on sys.path.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from apache_beam.testing.benchmarks.nexmark.models import nexmark_model  # noqa: E402
-from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util  # noqa: E402
-from apache_beam.utils.timestamp import Timestamp  # noqa: E402
-
-from benchmarks.nexmark.config import (  # noqa: E402
+from benchmarks.nexmark.config import (
     BASE_TIME_MS,
     FIRST_AUCTION_ID,
     FIRST_PERSON_ID,
@@ -40,7 +32,7 @@ from benchmarks.nexmark.config import (  # noqa: E402
     inter_event_delays_us,
     step_length_sec,
 )
-from benchmarks.nexmark.generator import (  # noqa: E402
+from benchmarks.nexmark.generator import (
     AUCTION_ID_LEAD,
     PERSON_ID_LEAD,
     TimestampedEvent,
@@ -52,7 +44,7 @@ from benchmarks.nexmark.generator import (  # noqa: E402
     locate,
     wallclock_order,
 )
-from benchmarks.nexmark.java_random import (  # noqa: E402
+from benchmarks.nexmark.java_random import (
     JavaRandom,
     java_div,
     java_rem,
