@@ -1,0 +1,659 @@
+"""NEXMark launcher: Beam's Python queries on any runner, timed, with a cross-runner check.
+
+    python -m benchmarks.nexmark --runner=StreamsSparkRunner --query=0-12 --events=10000 \\
+           --compare DirectRunner --out bench-out/ [--spark_master=local[2] ...]
+
+For each query of `--query` it runs Beam's own implementation
+(`apache_beam.testing.benchmarks.nexmark.queries.queryN.load`, unchanged, with the
+query arguments of Beam's Python launcher) over the generated events
+(`sources.ReadNexmarkEvents`) on the runner under test and on the reference runner
+(`--compare`). Every (query, runner) run is its own subprocess
+(`python -m benchmarks.nexmark.launcher --run-one ...`), so the wall time includes
+start-up and no two runs share a JVM. Options the launcher does not know (e.g.
+`--spark_master`, `--bundle_size`) go to the runner under test only.
+
+Output capture: every output element is written (`WriteToText`, all shards read back)
+as one line `canonical(element) TAB window TAB timestamp`, where `canonical` does not
+depend on the order of unordered parts (dicts by key, lists/sets sorted, model objects by
+their fields); the lines are sorted. Two runs are equal when their sorted lines are.
+Q12 fires on processing time, so its panes differ between runs: it is compared on its
+deterministic part, the total bid count per bidder over all panes (`deterministic_lines`).
+
+The parent prints a progress line per run and a table at the end, and writes
+`OUT/results.csv`, `OUT/report.md`, `OUT/nexmark.png` (see `report`), the sorted outputs
+(`OUT/outputs/`) and each run's log (`OUT/logs/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import glob
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from benchmarks.nexmark.config import NexmarkConfig
+
+ALL_QUERIES = tuple(range(13))
+# The DirectRunner (FnApiRunner) cannot run the custom merging window of Q4/Q6/Q9.
+MERGING_WINDOW_QUERIES = (4, 6, 9)
+PROCESSING_TIME_QUERIES = (12,)
+RUNNER_ALIASES = ('StreamsSparkRunner', 'DirectRunner', 'BundleBasedDirectRunner',
+                  'DaskRunner')
+# Every query runs with this: Q11's trigger is "unsafe" for Beam's checks.
+COMMON_ARGS = ('--allow_unsafe_triggers',)
+ORACLE = 'generator oracle'
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_queries(spec: str) -> list[int]:
+    """`'0-3,5'` -> `[0, 1, 2, 3, 5]` (sorted, without duplicates)."""
+    queries: set[int] = set()
+    for part in spec.replace(' ', '').split(','):
+        if not part:
+            continue
+        low, sep, high = part.partition('-')
+        if sep:
+            if int(low) > int(high):
+                raise ValueError(f'empty query range: {part!r}')
+            queries.update(range(int(low), int(high) + 1))
+        else:
+            queries.add(int(low))
+    if not queries:
+        raise ValueError(f'no query in {spec!r}')
+    unknown = sorted(q for q in queries if q not in ALL_QUERIES)
+    if unknown:
+        raise ValueError(f'no such NEXMark queries: {unknown} (known: 0-12)')
+    return sorted(queries)
+
+
+def reference_for(query: int, reference: str) -> str:
+    """The reference runner of `query`: BundleBasedDirectRunner for Q4/Q6/Q9 if DirectRunner.
+
+    (Q6 fails everywhere, but on the BundleBasedDirectRunner with its own reason.)
+    """
+    if reference == 'DirectRunner' and query in MERGING_WINDOW_QUERIES:
+        return 'BundleBasedDirectRunner'
+    return reference
+
+
+def make_runner(name: str) -> Any:
+    """A runner instance (StreamsSparkRunner, dotted class) or a name Beam knows."""
+    if name == 'StreamsSparkRunner':
+        from beam_streams_runner import StreamsSparkRunner
+        return StreamsSparkRunner()
+    if '.' in name:
+        module, _, cls = name.rpartition('.')
+        return getattr(importlib.import_module(module), cls)()
+    return name
+
+
+# ---------------------------------------------------------------- canonical form
+
+
+def canonical(value: Any) -> str:
+    """A text form of `value` independent of the order of its unordered parts.
+
+    Dicts are sorted by key (and stay `ast.literal_eval`-able when their items are
+    plain), lists, sets and Beam's lazy iterables are sorted, tuples keep their order,
+    NEXMark model objects (Person, Auction, Bid, AuctionBid, ...) print as
+    `Class(field=value, ...)` with their fields sorted.
+    """
+    if isinstance(value, dict):
+        items = sorted((canonical(k), canonical(v)) for k, v in value.items())
+        return '{' + ', '.join(f'{k}: {v}' for k, v in items) + '}'
+    if isinstance(value, tuple) and not hasattr(value, '_fields'):
+        parts = [canonical(v) for v in value]
+        return '(' + ', '.join(parts) + (',)' if len(parts) == 1 else ')')
+    if isinstance(value, (list, set, frozenset)) or _is_beam_iterable(value):
+        return '[' + ', '.join(sorted(canonical(v) for v in value)) + ']'
+    if _is_model(value):
+        fields = ', '.join(f'{k}={canonical(v)}' for k, v in sorted(vars(value).items()))
+        return f'{type(value).__name__}({fields})'
+    return repr(value)
+
+
+def _is_model(value: Any) -> bool:
+    module = type(value).__module__ or ''
+    return module.startswith('apache_beam.testing.benchmarks.nexmark') and hasattr(
+        value, '__dict__')
+
+
+def _is_beam_iterable(value: Any) -> bool:
+    # GroupByKey values may be a lazy iterable (e.g. `_UnwindowedValues`).
+    return (not isinstance(value, (str, bytes, dict, tuple))
+            and hasattr(value, '__iter__') and not hasattr(value, '__next__')
+            and (type(value).__module__ or '').startswith('apache_beam'))
+
+
+def output_line(element: Any, window: Any, timestamp: Any) -> str:
+    """One captured output: `canonical(element) TAB window TAB timestamp`."""
+    return f'{canonical(element)}\t{window!r}\t{timestamp!r}'
+
+
+def deterministic_lines(query: int, lines: Iterable[str]) -> list[str]:
+    """The part of a query's output that does not depend on processing time, sorted.
+
+    Q12 (processing-time trigger, discarding panes): the total bid count per bidder
+    summed over all panes, as `bidder_id=N TAB bid_count=M`. Other queries: all lines.
+    """
+    if query not in PROCESSING_TIME_QUERIES:
+        return sorted(lines)
+    totals: collections.Counter[int] = collections.Counter()
+    for line in lines:
+        element = ast.literal_eval(line.split('\t', 1)[0])
+        totals[element['bidder_id']] += element['bid_count']
+    return sorted(f'bidder_id={b}\tbid_count={n}' for b, n in totals.items())
+
+
+def oracle_lines(query: int, config: NexmarkConfig) -> list[str]:
+    """Q12's deterministic part computed straight from the generator (no pipeline)."""
+    from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Bid
+
+    from benchmarks.nexmark.generator import events
+    if query != 12:
+        raise ValueError(f'no oracle for Q{query}')
+    totals: collections.Counter[int] = collections.Counter(
+        e.event.bidder for e in events(config) if isinstance(e.event, Bid))
+    return sorted(f'bidder_id={b}\tbid_count={n}' for b, n in totals.items())
+
+
+_TIMESTAMP = re.compile(r'Timestamp\((-?\d+)\.(\d{3})\d{3}\)')
+
+
+def truncate_to_millis(lines: Iterable[str]) -> list[str]:
+    """`lines` with every `Timestamp(s.uuuuuu)` cut to milliseconds, sorted.
+
+    Runners that encode elements between steps (FnApiRunner, StreamsSparkRunner) carry
+    timestamps in ms (Beam's WindowedValue coder), so an end-of-window timestamp becomes
+    `end - 1 ms`; the BundleBasedDirectRunner never encodes and keeps `end - 1 us`.
+    """
+    return sorted(_TIMESTAMP.sub(r'Timestamp(\1.\g<2>000)', line) for line in lines)
+
+
+@dataclass
+class Comparison:
+    """Result of comparing two sorted outputs as multisets of lines."""
+
+    equal: bool
+    only_in_tested: list[str] = field(default_factory=list)
+    only_in_reference: list[str] = field(default_factory=list)
+
+    def summary(self, limit: int = 3, width: int = 200) -> str:
+        """The counts of differing lines, with up to `limit` examples of each side."""
+        if self.equal:
+            return 'equal'
+
+        def examples(lines: list[str]) -> str:
+            return ' | '.join(line if len(line) <= width else line[:width - 3] + '...'
+                              for line in lines[:limit])
+        return (f'{len(self.only_in_tested)} lines only in the tested run '
+                f'(e.g. {examples(self.only_in_tested)}), {len(self.only_in_reference)} '
+                f'only in the reference (e.g. {examples(self.only_in_reference)})')
+
+
+def compare_outputs(tested: Sequence[str], reference: Sequence[str]) -> Comparison:
+    """Compare two outputs line by line, as multisets (sorted lines equal)."""
+    a, b = collections.Counter(tested), collections.Counter(reference)
+    if a == b:
+        return Comparison(True)
+    return Comparison(False, sorted((a - b).elements()), sorted((b - a).elements()))
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass
+class RunResult:
+    """What one (query, runner) run produced."""
+
+    query: int
+    runner: str
+    events: int
+    ok: bool
+    output_count: int = 0
+    error: str = ''
+    lines: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _format_output_fn() -> Any:
+    import apache_beam as beam
+
+    class FormatOutput(beam.DoFn):
+        """Each element as its `output_line` (with its window and timestamp)."""
+
+        def process(self, element, window=beam.DoFn.WindowParam,
+                    timestamp=beam.DoFn.TimestampParam):
+            yield output_line(element, window, timestamp)
+
+    return FormatOutput()
+
+
+def run_query(query: int, runner: Any, config: NexmarkConfig,
+              args: Sequence[str] = (), work_dir: str | None = None) -> RunResult:
+    """Run Beam's query `query` on `runner` in this process; capture its sorted output.
+
+    Failures (e.g. Beam's Q6 negating a Timestamp) are caught and reported in the result.
+    """
+    import apache_beam as beam
+    from apache_beam.io import WriteToText
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.benchmarks.nexmark import nexmark_util
+    from apache_beam.transforms.window import GlobalWindows
+
+    from benchmarks.nexmark.sources import ReadNexmarkEvents
+
+    runner_name = runner if isinstance(runner, str) else type(runner).__name__
+    result = RunResult(query, runner_name, config.num_events, ok=False)
+    own_dir = work_dir is None
+    work_dir = work_dir or tempfile.mkdtemp(prefix=f'nexmark-q{query}-')
+    prefix = os.path.join(work_dir, 'part')
+    try:
+        nexmark_util.setup_coder()
+        module = importlib.import_module(
+            f'apache_beam.testing.benchmarks.nexmark.queries.query{query}')
+        options = PipelineOptions(list(COMMON_ARGS) + list(args))
+        with beam.Pipeline(runner=runner, options=options) as p:
+            events = p | 'Events' >> ReadNexmarkEvents(config)
+            output = module.load(events, config.query_args(), options)
+            _ = (output
+                 | 'Canonical' >> beam.ParDo(_format_output_fn())
+                 | 'Global' >> beam.WindowInto(GlobalWindows())
+                 | 'Write' >> WriteToText(prefix))
+        lines: list[str] = []
+        for path in sorted(glob.glob(prefix + '*')):
+            with open(path, encoding='utf-8') as f:
+                lines.extend(line.rstrip('\n') for line in f)
+        result.lines = sorted(lines)
+        result.output_count = len(lines)
+        result.ok = True
+    except Exception as e:  # noqa: BLE001 - any failure of the query is a result
+        result.error = f'{type(e).__name__}: {_first_line(str(e))}'
+    finally:
+        if own_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    return result
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    # Beam wraps worker errors; the root cause is usually the last line.
+    line = lines[-1] if lines else ''
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def _run_one(argv: Sequence[str]) -> int:
+    """The `--run-one` child: run one query, write its lines and a JSON result."""
+    parser = argparse.ArgumentParser(prog='launcher --run-one')
+    parser.add_argument('--run-one', action='store_true')
+    parser.add_argument('--query', type=int, required=True)
+    parser.add_argument('--runner', required=True)
+    parser.add_argument('--result', required=True, help='JSON result file')
+    parser.add_argument('--lines', required=True, help='sorted output lines file')
+    known, rest = parser.parse_known_args(argv)
+    config, rest = NexmarkConfig.from_args(rest)
+    try:
+        runner = make_runner(known.runner)
+        result = run_query(known.query, runner, config, rest)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        result = RunResult(known.query, known.runner, config.num_events, ok=False,
+                           error=f'{type(e).__name__}: {_first_line(str(e))}')
+    result.runner = known.runner
+    with open(known.lines, 'w', encoding='utf-8') as f:
+        f.writelines(line + '\n' for line in result.lines)
+    payload = asdict(result)
+    payload.pop('lines')
+    with open(known.result, 'w', encoding='utf-8') as f:
+        json.dump(payload, f)
+    if result.error:
+        print(f'Q{known.query} failed: {result.error}', file=sys.stderr)
+    return 0
+
+
+def run_subprocess(query: int, runner: str, config_args: Sequence[str],
+                   runner_args: Sequence[str], out_dir: str, events: int,
+                   timeout_s: float) -> RunResult:
+    """Run one (query, runner) in a child Python; wall time measured around it."""
+    tag = f'q{query}-{runner.rsplit(".", 1)[-1]}'
+    lines_path = os.path.join(out_dir, 'outputs', f'{tag}.txt')
+    result_path = os.path.join(out_dir, 'logs', f'{tag}.json')
+    log_path = os.path.join(out_dir, 'logs', f'{tag}.log')
+    for path in (lines_path, result_path):
+        if os.path.exists(path):
+            os.remove(path)
+    cmd = [sys.executable, '-m', 'benchmarks.nexmark.launcher', '--run-one',
+           f'--query={query}', f'--runner={runner}', f'--result={result_path}',
+           f'--lines={lines_path}', *config_args, *runner_args]
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+    start = time.perf_counter()
+    try:
+        with open(log_path, 'w', encoding='utf-8') as log:
+            log.write(' '.join(cmd) + '\n')
+            log.flush()
+            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                           cwd=REPO_ROOT, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return RunResult(query, runner, events, ok=False,
+                         error=f'timeout after {timeout_s:.0f} s',
+                         wall_s=time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    if not os.path.exists(result_path):
+        return RunResult(query, runner, events, ok=False, wall_s=wall,
+                         error=f'child process died (see {log_path})')
+    with open(result_path, encoding='utf-8') as f:
+        payload = json.load(f)
+    payload['wall_s'] = wall
+    result = RunResult(**payload)
+    if result.ok:
+        with open(lines_path, encoding='utf-8') as f:
+            result.lines = [line.rstrip('\n') for line in f]
+    return result
+
+
+# ---------------------------------------------------------------- comparison of runs
+
+
+def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
+                     config: NexmarkConfig) -> tuple[str, str]:
+    """(`yes`/`no`/`failed: reason`, note) for `tested` against `reference`.
+
+    Q12: compared on `deterministic_lines`; if the reference fails on it, against
+    `oracle_lines` (the count per bidder straight from the generator).
+    """
+    if not tested.ok:
+        return f'failed: {tested.error}', ''
+    ref_lines: list[str] | None = None
+    note = ''
+    if reference is not None and reference.ok:
+        ref_lines = deterministic_lines(query, reference.lines)
+    elif query in PROCESSING_TIME_QUERIES:
+        ref_lines = oracle_lines(query, config)
+        reason = reference.error if reference is not None else 'no reference run'
+        note = f'reference failed ({reason}); compared with the {ORACLE}'
+    else:
+        reason = reference.error if reference is not None else 'no reference run'
+        return f'no reference: {reason}', ''
+    comparison = compare_outputs(deterministic_lines(query, tested.lines), ref_lines)
+    if query in PROCESSING_TIME_QUERIES:
+        note = ('; '.join(p for p in (note, 'compared on the total count per bidder')
+                          if p))
+    if comparison.equal:
+        return 'yes', note
+    if compare_outputs(truncate_to_millis(deterministic_lines(query, tested.lines)),
+                       truncate_to_millis(ref_lines)).equal:
+        note = '; '.join(p for p in (note, MS_NOTE, comparison.summary(1)) if p)
+        return 'no (equal to the ms)', note
+    return 'no', '; '.join(p for p in (note, comparison.summary()) if p)
+
+
+MS_NOTE = ('elements and windows equal, timestamps differ below 1 ms: the reference keeps '
+           'end-of-window timestamps at end - 1 us (it never encodes elements), the tested '
+           'runner has end - 1 ms (Beam\'s WindowedValue coder carries ms, as on the '
+           'DirectRunner)')
+
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    query: int
+    runner: str
+    events: int
+    wall_s: float
+    events_per_s: float
+    output_count: int
+    equal: str
+    note: str = ''
+
+
+def make_row(result: RunResult, equal: str, note: str = '') -> Row:
+    eps = result.events / result.wall_s if result.ok and result.wall_s > 0 else 0.0
+    return Row(result.query, result.runner, result.events, round(result.wall_s, 2),
+               round(eps, 1), result.output_count if result.ok else 0, equal, note)
+
+
+# ---------------------------------------------------------------- report
+
+COLUMNS = ('query', 'runner', 'events', 'wall time s', 'events/s', 'output count',
+           'equal to reference')
+
+NOTES = """\
+* **Equality**: each run's output is captured as sorted lines `element TAB window TAB
+  timestamp` (dicts sorted by key, lists/sets sorted, model objects by their fields) and
+  compared with the reference runner's sorted lines.
+* **Q4, Q6, Q9**: Beam's DirectRunner (FnApiRunner) cannot run their custom merging
+  window (`Cannot convert _OpaqueWindow`), so their reference is the
+  `BundleBasedDirectRunner` when `--compare DirectRunner`. Their `AuctionOrBidWindow`
+  ignores the auction id in its equality, so in principle their output can depend on how
+  a runner merges windows; any disagreement is listed below.
+* **"no (equal to the ms)"**: elements and windows are equal but output timestamps differ
+  below 1 ms. Beam's WindowedValue coder carries timestamps in milliseconds, so runners
+  that encode elements between steps (DirectRunner/FnApiRunner, StreamsSparkRunner) give
+  an end-of-window output timestamp of `end - 1 ms`, while the BundleBasedDirectRunner,
+  which passes Python objects between steps without encoding them, keeps Python's
+  `IntervalWindow.max_timestamp()` = `end - 1 us`. This is the Q4/Q9 difference against
+  the BundleBasedDirectRunner; on the DirectRunner the same windowed queries (Q5, Q7, ...)
+  agree exactly.
+* **Q6** fails on every runner: Beam's `query6` negates a `Timestamp`
+  (`TypeError: bad operand type for unary -`); it is reported as failing, not skipped.
+* **Q10** writes its log files through a stub (`open_writable_gcs_file` does nothing) and
+  its last step emits nothing, so its output is empty on every runner.
+* **Q12** fires on processing time (`Repeatedly(AfterProcessingTime)`, discarding panes):
+  the number and contents of its panes depend on timing, so it is compared on its
+  deterministic part, the total bid count per bidder summed over all panes. The
+  DirectRunner fails on it in batch (`'NoneType' object has no attribute 'time'`); when
+  the reference fails, the totals are compared with counts taken straight from the
+  generator (the "generator oracle").
+* Wall time is measured around a fresh Python subprocess per (query, runner), so it
+  includes interpreter and (for StreamsSparkRunner) JVM/Spark start-up; events/s =
+  events / wall time.
+"""
+
+
+def _cells(row: Row) -> list[str]:
+    return [f'Q{row.query}', row.runner, str(row.events), f'{row.wall_s:.2f}',
+            f'{row.events_per_s:.0f}' if row.events_per_s else '-',
+            str(row.output_count), row.equal]
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The results as an aligned plain-text table."""
+    table = [list(COLUMNS)] + [_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    out = ['  '.join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+           .rstrip() for line in table]
+    out.insert(1, '  '.join('-' * w for w in widths))
+    return '\n'.join(out)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The results as a Markdown table."""
+    lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
+    for row in rows:
+        cells = [c.replace('|', '\\|') for c in _cells(row)]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def write_csv(path: str, rows: Sequence[Row]) -> None:
+    import csv
+    with open(path, 'w', newline='', encoding='utf-8') as f:
+        writer = csv.writer(f)
+        writer.writerow(['query', 'runner', 'events', 'wall_s', 'events_per_s',
+                         'output_count', 'equal_to_reference', 'note'])
+        for r in rows:
+            writer.writerow([r.query, r.runner, r.events, r.wall_s, r.events_per_s,
+                             r.output_count, r.equal, r.note])
+
+
+def write_plot(path: str, rows: Sequence[Row]) -> None:
+    """Grouped bar chart of events/s per query per runner, log scale (failed: no bar)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    queries = sorted({r.query for r in rows})
+    runners = list(dict.fromkeys(r.runner for r in rows))
+    rate = {(r.query, r.runner): r.events_per_s for r in rows}
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(queries) + 2), 4.5))
+    # Each query groups only the runners that ran it (Q4/Q9 have another reference).
+    present = {q: [r for r in runners if (q, r) in rate] for q in queries}
+    width = 0.8 / max(1, max(len(v) for v in present.values()))
+    for runner in runners:
+        xs, ys = [], []
+        for q in queries:
+            if runner in present[q]:
+                i, n = present[q].index(runner), len(present[q])
+                xs.append(q + (i - (n - 1) / 2) * width)
+                ys.append(rate[(q, runner)] or float('nan'))
+        ax.bar(xs, ys, width=width, label=runner)
+    ax.set_yscale('log')
+    ax.set_xticks(queries)
+    ax.set_xticklabels([f'Q{q}' for q in queries])
+    ax.set_ylabel('events/s (wall time incl. start-up)')
+    events = sorted({r.events for r in rows})
+    ax.set_title(f'NEXMark, {", ".join(map(str, events))} events (missing bar = failed)')
+    ax.legend()
+    ax.grid(axis='y', which='both', alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def environment() -> dict[str, str]:
+    """Date, versions and cores for the report."""
+    import datetime
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return 'not installed'
+
+    return {
+        'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+        'Apache Beam': version('apache-beam'),
+        'PySpark': version('pyspark'),
+        'Python': platform.python_version(),
+        'machine': f'{platform.machine()}, {os.cpu_count()} cores, {platform.system()}',
+    }
+
+
+def write_report(out_dir: str, rows: Sequence[Row], command: str) -> None:
+    """Write `results.csv`, `report.md` and `nexmark.png` into `out_dir`."""
+    write_csv(os.path.join(out_dir, 'results.csv'), rows)
+    write_plot(os.path.join(out_dir, 'nexmark.png'), rows)
+    env = environment()
+    findings = [f'* Q{r.query} on {r.runner}: {r.equal}' + (f' -- {r.note}' if r.note else '')
+                for r in rows if r.note or r.equal.startswith(('no', 'failed'))]
+    text = ['# NEXMark results', '']
+    text += [f'* {k}: {v}' for k, v in env.items()]
+    text += ['', 'Command:', '', '```', command, '```', '', markdown_table(rows), '',
+             '![events/s per query](nexmark.png)', '', '## Notes', '', NOTES, '## Findings', '']
+    text += findings or ['* every query equal to its reference']
+    with open(os.path.join(out_dir, 'report.md'), 'w', encoding='utf-8') as f:
+        f.write('\n'.join(text) + '\n')
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog='python -m benchmarks.nexmark',
+        description='Run Beam NEXMark queries on a runner and compare with a reference. '
+                    'Unknown options go to the runner under test (e.g. --spark_master); '
+                    'NEXMark configuration options (--num_event_generators, ...) to all.')
+    parser.add_argument('--runner', default='StreamsSparkRunner',
+                        help=f'{", ".join(RUNNER_ALIASES)} or a dotted runner class')
+    parser.add_argument('--query', default='0-12', help='e.g. 0-12 or 0,3,5')
+    parser.add_argument('--events', type=int, default=None,
+                        help='number of events (default: NEXMark\'s 100000)')
+    parser.add_argument('--compare', default=None, metavar='RUNNER',
+                        help='reference runner (Q4/Q9 use BundleBasedDirectRunner when '
+                             'this is DirectRunner)')
+    parser.add_argument('--out', default='bench-out', help='output directory')
+    parser.add_argument('--timeout', type=float, default=3600.0,
+                        help='seconds per run before it counts as failed')
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The launcher's command line; see the module docstring."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--run-one' in argv:
+        return _run_one(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if args.events is not None:
+        rest = [f'--num_events={args.events}', *rest]
+    config, runner_args = NexmarkConfig.from_args(rest)
+    config_args = [a for a in rest if a not in runner_args]
+    queries = parse_queries(args.query)
+    out_dir = os.path.abspath(args.out)
+    for sub in ('outputs', 'logs'):
+        os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+
+    plan: list[tuple[int, str, list[str]]] = []
+    for q in queries:
+        plan.append((q, args.runner, runner_args))
+        if args.compare and reference_for(q, args.compare) != args.runner:
+            plan.append((q, reference_for(q, args.compare), []))
+    results: dict[tuple[int, str], RunResult] = {}
+    for i, (q, runner, extra) in enumerate(plan, 1):
+        print(f'[{i}/{len(plan)}] Q{q} on {runner} ...', end=' ', flush=True)
+        result = run_subprocess(q, runner, config_args, extra, out_dir,
+                                config.num_events, args.timeout)
+        results[(q, runner)] = result
+        status = f'{result.output_count} outputs' if result.ok else f'FAILED {result.error}'
+        print(f'{result.wall_s:.1f} s, {status}', flush=True)
+
+    rows: list[Row] = []
+    for q in queries:
+        tested = results[(q, args.runner)]
+        reference = None
+        if args.compare:
+            ref_name = reference_for(q, args.compare)
+            reference = results[(q, ref_name)]
+            if ref_name == args.runner:
+                reference = None
+        if args.compare and reference is not None:
+            equal, note = equality_verdict(q, tested, reference, config)
+        elif args.compare is None and q in PROCESSING_TIME_QUERIES:
+            equal, note = equality_verdict(q, tested, None, config)
+        else:
+            equal, note = ('failed: ' + tested.error if not tested.ok else '-'), ''
+        rows.append(make_row(tested, equal, note))
+        if reference is not None:
+            rows.append(make_row(reference, 'reference' if reference.ok
+                                 else f'failed: {reference.error}'))
+
+    print()
+    print(format_table(rows))
+    command = 'python -m benchmarks.nexmark ' + ' '.join(argv)
+    write_report(out_dir, rows, command)
+    print(f'\nwrote {out_dir}/results.csv, report.md, nexmark.png')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
