@@ -125,6 +125,16 @@ def check_supported(pipeline_proto: beam_runner_api_pb2.Pipeline, streaming: boo
             '(batch only). Drop --streaming for bounded pipelines.')
 
 
+def stateful_main_input(transform: beam_runner_api_pb2.PTransform) -> str | None:
+    """The main-input PCollection of a stateful ParDo; None for any other transform."""
+    if transform.spec.urn != common_urns.primitives.PAR_DO.urn:
+        return None
+    payload = proto_utils.parse_Bytes(transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
+    if not (payload.state_specs or payload.timer_family_specs):
+        return None
+    return next(pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
+
+
 def check_deterministic_keys(
     pipeline_proto: beam_runner_api_pb2.Pipeline, context
 ) -> None:
@@ -133,15 +143,10 @@ def check_deterministic_keys(
     for transform in components.transforms.values():
         if transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn:
             main_input = next(iter(transform.inputs.values()))
-        elif transform.spec.urn == common_urns.primitives.PAR_DO.urn:
-            payload = proto_utils.parse_Bytes(
-                transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
-            if not (payload.state_specs or payload.timer_family_specs):
-                continue
-            main_input = next(
-                pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
         else:
-            continue
+            main_input = stateful_main_input(transform)
+            if main_input is None:
+                continue
         kv_coder = components.coders[components.pcollections[main_input].coder_id]
         if kv_coder.spec.urn != common_urns.coders.KV.urn:
             continue

@@ -33,12 +33,11 @@ from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import BundleContextManager
-from apache_beam.utils import proto_utils
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.metrics import MetricTotals
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
-from beam_streams_runner.plan import StagePlan
+from beam_streams_runner.plan import StagePlan, stateful_main_input
 from beam_streams_runner.records import Record, decode_with_raw
 from beam_streams_runner.state.keyed_state import KeyedStateStore
 from beam_streams_runner.state.state_handler import PartitionStateHandler
@@ -299,14 +298,9 @@ class FusedStageOperator(Operator):
         descriptor = self._descriptor_view().process_bundle_descriptor
         lateness_ms = 0
         for transform_id, transform in descriptor.transforms.items():
-            if transform.spec.urn != 'beam:transform:pardo:v1':
+            main_input = stateful_main_input(transform)
+            if main_input is None:
                 continue
-            payload = proto_utils.parse_Bytes(
-                transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
-            if not (payload.state_specs or payload.timer_family_specs):
-                continue
-            main_input = next(
-                pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
             strategy = descriptor.windowing_strategies[
                 descriptor.pcollections[main_input].windowing_strategy_id]
             self._window_coders[transform_id] = self.runtime.coder_impl(strategy.window_coder_id)
