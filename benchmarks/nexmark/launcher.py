@@ -55,6 +55,9 @@ RUNNER_ALIASES = ('StreamsSparkRunner', 'DirectRunner', 'BundleBasedDirectRunner
 # Every query runs with this: Q11's trigger is "unsafe" for Beam's checks.
 COMMON_ARGS = ('--allow_unsafe_triggers',)
 ORACLE = 'generator oracle'
+# `--native spark`: the hand-written PySpark programs of `spark_baselines`, as this runner.
+NATIVE_SPARK = 'SparkNative'
+NATIVE_QUERIES = (0, 1, 2, 3, 5, 7)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -291,6 +294,26 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
     return result
 
 
+def run_native_spark(query: int, config: NexmarkConfig, args: Sequence[str] = ()) -> RunResult:
+    """Run the hand-written PySpark baseline of `query` (`spark_baselines`) in this process.
+
+    `args` may hold `--spark_master=...` (default `local[*]`); others are ignored.
+    """
+    from benchmarks.nexmark import spark_baselines
+    result = RunResult(query, NATIVE_SPARK, config.num_events, ok=False)
+    master = 'local[*]'
+    for arg in args:
+        if arg.startswith('--spark_master='):
+            master = arg.split('=', 1)[1]
+    try:
+        lines = spark_baselines.run_baseline(query, config,
+                                             spark_baselines.spark_session(master))
+        result.lines, result.output_count, result.ok = lines, len(lines), True
+    except Exception as e:  # noqa: BLE001 - any failure of the baseline is a result
+        result.error = f'{type(e).__name__}: {_first_line(str(e))}'
+    return result
+
+
 def _first_line(text: str, limit: int = 160) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     # Beam wraps worker errors; the root cause is usually the last line.
@@ -309,8 +332,11 @@ def _run_one(argv: Sequence[str]) -> int:
     known, rest = parser.parse_known_args(argv)
     config, rest = NexmarkConfig.from_args(rest)
     try:
-        runner = make_runner(known.runner)
-        result = run_query(known.query, runner, config, rest)
+        if known.runner == NATIVE_SPARK:
+            result = run_native_spark(known.query, config, rest)
+        else:
+            runner = make_runner(known.runner)
+            result = run_query(known.query, runner, config, rest)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         result = RunResult(known.query, known.runner, config.num_events, ok=False,
@@ -462,6 +488,11 @@ NOTES = """\
   DirectRunner fails on it in batch (`'NoneType' object has no attribute 'time'`); when
   the reference fails, the totals are compared with counts taken straight from the
   generator (the "generator oracle").
+* **SparkNative** (`--native spark`): hand-written PySpark RDD programs for Q0, Q1, Q2,
+  Q3, Q5, Q7 (`benchmarks/nexmark/spark_baselines.py`) over the same events, generated in
+  the Spark tasks; their output is written as the same canonical lines and compared
+  exactly. Q3 reproduces Beam's batch behaviour of its `AfterCount(30)` trigger (only
+  sellers with >= 30 grouped elements produce output; see that module).
 * Wall time is measured around a fresh Python subprocess per (query, runner), so it
   includes interpreter and (for StreamsSparkRunner) JVM/Spark start-up; events/s =
   events / wall time.
@@ -593,6 +624,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help='reference runner (Q4/Q9 use BundleBasedDirectRunner when '
                              'this is DirectRunner)')
     parser.add_argument('--out', default='bench-out', help='output directory')
+    parser.add_argument('--native', action='append', default=[], choices=['spark'],
+                        help='also run the native baselines (spark: hand-written PySpark, '
+                             f'{NATIVE_SPARK} rows, Q{",".join(map(str, NATIVE_QUERIES))}) '
+                             'and compare them with the reference')
     parser.add_argument('--timeout', type=float, default=3600.0,
                         help='seconds per run before it counts as failed')
     return parser
@@ -618,6 +653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan.append((q, args.runner, runner_args))
         if args.compare and reference_for(q, args.compare) != args.runner:
             plan.append((q, reference_for(q, args.compare), []))
+        if 'spark' in args.native and q in NATIVE_QUERIES:
+            plan.append((q, NATIVE_SPARK,
+                         [a for a in runner_args if a.startswith('--spark_master=')]))
     results: dict[tuple[int, str], RunResult] = {}
     for i, (q, runner, extra) in enumerate(plan, 1):
         print(f'[{i}/{len(plan)}] Q{q} on {runner} ...', end=' ', flush=True)
@@ -646,6 +684,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reference is not None:
             rows.append(make_row(reference, 'reference' if reference.ok
                                  else f'failed: {reference.error}'))
+        native = results.get((q, NATIVE_SPARK))
+        if native is not None and args.runner != NATIVE_SPARK:
+            if args.compare:
+                ref = results[(q, reference_for(q, args.compare))]
+                equal, note = equality_verdict(q, native, ref, config)
+            else:
+                equal, note = ('failed: ' + native.error if not native.ok else '-'), ''
+            rows.append(make_row(native, equal, note))
 
     print()
     print(format_table(rows))
