@@ -10,7 +10,7 @@ Shuffles move `(target partition, (buffer id, chunk))` pairs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from apache_beam.coders.coder_impl import create_InputStream
 
@@ -27,6 +27,22 @@ def decode_with_raw(coder_impl, data: bytes) -> Iterator[tuple[object, bytes]]:
         end = total - stream.size()
         yield value, data[start:end]
         start = end
+
+
+def chunks_by_target(routed: Iterable[tuple[int, bytes]], num_targets: int,
+                     max_elements: int, tag: str) -> Iterator[tuple[int, Record]]:
+    """Groups `(target, encoded element)` pairs into per-target chunks of at most
+    `max_elements` elements: the map side of every shuffle."""
+    pending: list[list[bytes]] = [[] for _ in range(num_targets)]
+    for target, encoded in routed:
+        parts = pending[target]
+        parts.append(encoded)
+        if len(parts) >= max_elements:
+            yield target, (tag, b''.join(parts))
+            pending[target] = []
+    for target, parts in enumerate(pending):
+        if parts:
+            yield target, (tag, b''.join(parts))
 
 
 class ChunkBuilder:

@@ -16,18 +16,17 @@ shuffle and the merge of accumulators after it, both in the SDK harness.
 from __future__ import annotations
 
 import functools
-import time
 import zlib
 from collections.abc import Iterable, Iterator
 
-from apache_beam.coders.coder_impl import create_InputStream
+from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
-from beam_streams_runner.records import ChunkBuilder, Record
+from beam_streams_runner.records import ChunkBuilder, Record, chunks_by_target, decode_with_raw
 
 _ONLY_PANE = PaneInfo(
     is_first=True, is_last=True, timing=PaneInfoTiming.ON_TIME, index=0, nonspeculative_index=0)
@@ -54,13 +53,6 @@ def _process_entire_key(driver, key, windowed_values):
                 yield wvalue.with_value((key, wvalue.value))
 
 
-class _WallClock:
-    """Processing time while elements are grouped; it jumps to +inf at the end."""
-
-    def time(self) -> float:
-        return time.time()
-
-
 class KeyPartitioner:
     """Map side of a keyed shuffle: routes encoded KV elements by their key."""
 
@@ -72,30 +64,14 @@ class KeyPartitioner:
         self._bundle_size = bundle_size
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
-        # The per-element loop is inlined: it runs for every element of a shuffle.
         n = self._num_partitions
-        limit = self._bundle_size
-        pending: list[list[bytes]] = [[] for _ in range(n)]
         encode_key = self._key_coder.encode_nested
-        decode = self._element_coder.decode_from_stream
         crc32 = zlib.crc32
-        for chunk in chunks:
-            stream = create_InputStream(chunk)
-            total = len(chunk)
-            start = 0
-            while stream.size() > 0:
-                windowed = decode(stream, True)
-                end = total - stream.size()
-                target = crc32(encode_key(windowed.value[0])) % n
-                parts = pending[target]
-                parts.append(chunk[start:end])
-                start = end
-                if len(parts) >= limit:
-                    yield target, (tag, b''.join(parts))
-                    pending[target] = []
-        for target, parts in enumerate(pending):
-            if parts:
-                yield target, (tag, b''.join(parts))
+        routed = (
+            (crc32(encode_key(windowed.value[0])) % n, raw)
+            for chunk in chunks
+            for windowed, raw in decode_with_raw(self._element_coder, chunk))
+        return chunks_by_target(routed, n, self._bundle_size, tag)
 
 
 class GroupByKeyOperator(Operator):
@@ -136,7 +112,7 @@ class GroupByKeyOperator(Operator):
                 None, timestamp=GlobalWindow().max_timestamp(), pane_info=_ONLY_PANE).with_value
             return lambda key, values: (in_global_window((key, values)),)
         driver = trigger.create_trigger_driver(
-            self._windowing, is_batch=True, clock=_WallClock())
+            self._windowing, is_batch=True, clock=RealClock())
         if isinstance(driver, trigger.GeneralTriggerDriver):
             return functools.partial(_process_entire_key, driver)
         return driver.process_entire_key

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from beam_streams_runner.records import Record, decode_with_raw
+from beam_streams_runner.records import Record, chunks_by_target, decode_with_raw
 
 
 class RoundRobinPartitioner:
@@ -28,23 +28,16 @@ class RoundRobinPartitioner:
         self._next = start
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
-        # The per-element loop is inlined: it runs for every element reshuffled.
+        return chunks_by_target(
+            self._dealt(chunks), self._num_partitions, self._bundle_size, tag)
+
+    def _dealt(self, chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+        """(target partition, encoded element), targets in turn."""
         n = self._num_partitions
-        limit = self._bundle_size
-        pending: list[list[bytes]] = [[] for _ in range(n)]
         transcode = self._transcode
-        target = self._next % n
         for chunk in chunks:
             for value, raw in decode_with_raw(self._input_coder, chunk):
                 if transcode is not None:
                     raw = transcode.encode_nested(value)
-                parts = pending[target]
-                parts.append(raw)
-                if len(parts) >= limit:
-                    yield target, (tag, b''.join(parts))
-                    pending[target] = []
-                target = target + 1 if target + 1 < n else 0
-        self._next = target
-        for index, parts in enumerate(pending):
-            if parts:
-                yield index, (tag, b''.join(parts))
+                yield self._next % n, raw
+                self._next += 1
