@@ -38,6 +38,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Union
 
+# nexmark_util first: in Beam 2.61 (the apache-beam PyFlink pins, see flink_baselines),
+# importing nexmark_model first fails on a circular import through nexmark_util.
+from apache_beam.testing.benchmarks.nexmark import nexmark_util  # noqa: F401
 from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Auction, Bid, Person
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
