@@ -19,6 +19,14 @@ their fields); the lines are sorted. Two runs are equal when their sorted lines 
 Q12 fires on processing time, so its panes differ between runs: it is compared on its
 deterministic part, the total bid count per bidder over all panes (`deterministic_lines`).
 
+Streaming (`--streaming [--rate=N]`): the queries read the unbounded source
+(`sources.ReadUnboundedNexmarkEvents`, N events/s over all its parts or as fast as
+possible) and every run gets Beam's `--streaming` option; a finite `--events` ends the
+stream, so the run ends. The output is captured by a DoFn writing each bundle's lines to
+its own file (no GroupByKey: Beam refuses one on an unbounded global-window collection
+with the default trigger). Q3's panes (`AfterCount(30)`) then depend on arrival order: when
+its outputs differ, both are checked against the full join (`arrival_order_verdict`).
+
 The parent prints a progress line per run and a table at the end, and writes
 `OUT/results.csv`, `OUT/report.md`, `OUT/nexmark.png` (see `report`), the sorted outputs
 (`OUT/outputs/`) and each run's log (`OUT/logs/`).
@@ -58,7 +66,20 @@ ORACLE = 'generator oracle'
 # `--native spark`: the hand-written PySpark programs of `spark_baselines`, as this runner.
 NATIVE_SPARK = 'SparkNative'
 NATIVE_QUERIES = (0, 1, 2, 3, 5, 7)
+# `--native flink`: the PyFlink programs of `flink_baselines`, run by the python of a
+# separate virtualenv (PyFlink pins an old apache-beam); FLINK_VENV overrides its place.
+NATIVE_FLINK = 'FlinkNative'
+FLINK_SETUP = 'bash benchmarks/nexmark/setup_flink_venv.sh'
+# Queries whose streaming output depends on the order elements arrive in (AfterCount panes).
+ARRIVAL_ORDER_QUERIES = (3,)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NATIVE_RUNNERS = {'spark': NATIVE_SPARK, 'flink': NATIVE_FLINK}
+
+
+def flink_python() -> str:
+    """The python of the PyFlink virtualenv (`$FLINK_VENV` or `<repo>/.venv-flink`)."""
+    venv = os.environ.get('FLINK_VENV') or os.path.join(REPO_ROOT, '.venv-flink')
+    return os.path.join(venv, 'bin', 'python')
 
 
 # ---------------------------------------------------------------- parsing
@@ -248,11 +269,40 @@ def _format_output_fn() -> Any:
     return FormatOutput()
 
 
+def _bundle_file_writer(prefix: str) -> Any:
+    import apache_beam as beam
+
+    class WriteBundleFiles(beam.DoFn):
+        """Each bundle's lines to a file of its own (`prefix-<uuid>`), for streaming runs:
+        no GroupByKey, so no trigger or watermark decides when lines are written."""
+
+        def start_bundle(self):
+            self._lines = []
+
+        def process(self, line):
+            self._lines.append(line)
+
+        def finish_bundle(self):
+            import uuid
+            if self._lines:
+                path = f'{prefix}-{uuid.uuid4().hex}'
+                with open(path + '.tmp', 'w', encoding='utf-8') as f:
+                    f.writelines(line + '\n' for line in self._lines)
+                os.replace(path + '.tmp', path)
+            self._lines = []
+
+    return WriteBundleFiles()
+
+
 def run_query(query: int, runner: Any, config: NexmarkConfig,
-              args: Sequence[str] = (), work_dir: str | None = None) -> RunResult:
+              args: Sequence[str] = (), work_dir: str | None = None,
+              streaming: bool = False, rate: float | None = None) -> RunResult:
     """Run Beam's query `query` on `runner` in this process; capture its sorted output.
 
-    Failures (e.g. Beam's Q6 negating a Timestamp) are caught and reported in the result.
+    `streaming`: read the unbounded source (at `rate` events/s, None = as fast as
+    possible) and run with Beam's `--streaming` option.
+    Failures (e.g. Beam's Q6 negating a Timestamp, a runner that cannot stream) are
+    caught and reported in the result.
     """
     import apache_beam as beam
     from apache_beam.io import WriteToText
@@ -260,7 +310,7 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
     from apache_beam.transforms.window import GlobalWindows
 
-    from benchmarks.nexmark.sources import ReadNexmarkEvents
+    from benchmarks.nexmark.sources import ReadNexmarkEvents, ReadUnboundedNexmarkEvents
 
     runner_name = runner if isinstance(runner, str) else type(runner).__name__
     result = RunResult(query, runner_name, config.num_events, ok=False)
@@ -271,16 +321,25 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
         nexmark_util.setup_coder()
         module = importlib.import_module(
             f'apache_beam.testing.benchmarks.nexmark.queries.query{query}')
-        options = PipelineOptions(list(COMMON_ARGS) + list(args))
+        streaming_args = ['--streaming'] if streaming else []
+        options = PipelineOptions(list(COMMON_ARGS) + streaming_args + list(args))
         with beam.Pipeline(runner=runner, options=options) as p:
-            events = p | 'Events' >> ReadNexmarkEvents(config)
+            if streaming:
+                events = p | 'Events' >> ReadUnboundedNexmarkEvents(config, rate)
+            else:
+                events = p | 'Events' >> ReadNexmarkEvents(config)
             output = module.load(events, config.query_args(), options)
-            _ = (output
-                 | 'Canonical' >> beam.ParDo(_format_output_fn())
-                 | 'Global' >> beam.WindowInto(GlobalWindows())
-                 | 'Write' >> WriteToText(prefix))
+            lines_pc = output | 'Canonical' >> beam.ParDo(_format_output_fn())
+            if streaming:
+                _ = lines_pc | 'Write' >> beam.ParDo(_bundle_file_writer(prefix))
+            else:
+                _ = (lines_pc
+                     | 'Global' >> beam.WindowInto(GlobalWindows())
+                     | 'Write' >> WriteToText(prefix))
         lines: list[str] = []
         for path in sorted(glob.glob(prefix + '*')):
+            if path.endswith('.tmp'):
+                continue
             with open(path, encoding='utf-8') as f:
                 lines.extend(line.rstrip('\n') for line in f)
         result.lines = sorted(lines)
@@ -329,6 +388,8 @@ def _run_one(argv: Sequence[str]) -> int:
     parser.add_argument('--runner', required=True)
     parser.add_argument('--result', required=True, help='JSON result file')
     parser.add_argument('--lines', required=True, help='sorted output lines file')
+    parser.add_argument('--streaming', action='store_true')
+    parser.add_argument('--rate', type=float, default=None)
     known, rest = parser.parse_known_args(argv)
     config, rest = NexmarkConfig.from_args(rest)
     try:
@@ -336,7 +397,8 @@ def _run_one(argv: Sequence[str]) -> int:
             result = run_native_spark(known.query, config, rest)
         else:
             runner = make_runner(known.runner)
-            result = run_query(known.query, runner, config, rest)
+            result = run_query(known.query, runner, config, rest,
+                               streaming=known.streaming, rate=known.rate)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         result = RunResult(known.query, known.runner, config.num_events, ok=False,
@@ -351,6 +413,88 @@ def _run_one(argv: Sequence[str]) -> int:
     if result.error:
         print(f'Q{known.query} failed: {result.error}', file=sys.stderr)
     return 0
+
+
+def flink_record_line(record: dict[str, Any]) -> str:
+    """The canonical line of one `flink_baselines` output record (see that module)."""
+    from apache_beam.testing.benchmarks.nexmark.models import nexmark_model
+    from apache_beam.transforms.window import GlobalWindow, IntervalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    element = record['element']
+    if 'model' in element:
+        cls = getattr(nexmark_model, element['model'])
+        value: Any = cls.__new__(cls)
+        for k, v in element['fields'].items():
+            setattr(value, k, Timestamp(micros=v) if k in ('date_time', 'expires') else v)
+    else:
+        value = element['dict']
+    if record['window'] is None:
+        window: Any = GlobalWindow()
+    else:
+        start, end = record['window']
+        window = IntervalWindow(Timestamp(micros=start * 1000), Timestamp(micros=end * 1000))
+    if record['timestamp'] == 'end':
+        # Beam's WindowedValue coder carries ms: end-of-window is floored to ms.
+        timestamp = Timestamp(micros=window.max_timestamp().micros // 1000 * 1000)
+    else:
+        timestamp = Timestamp(micros=record['timestamp'])
+    return output_line(value, window, timestamp)
+
+
+def run_native_flink(query: int, config_args: Sequence[str], out_dir: str, events: int,
+                     timeout_s: float, flink_args: Sequence[str] = ()) -> RunResult:
+    """Run the PyFlink baseline of `query` with the PyFlink venv's python; wall time
+    around that subprocess. A missing venv or a failure is a failed result, never raised."""
+    result = RunResult(query, NATIVE_FLINK, events, ok=False)
+    python = flink_python()
+    if not os.path.exists(python):
+        result.error = (f'PyFlink virtualenv missing ({os.path.dirname(os.path.dirname(python))}); '
+                        f'create it with `{FLINK_SETUP}` (optional extra)')
+        return result
+    tag = f'q{query}-{NATIVE_FLINK}'
+    records_path = os.path.join(out_dir, 'outputs', f'{tag}.jsonl')
+    log_path = os.path.join(out_dir, 'logs', f'{tag}.log')
+    if os.path.exists(records_path):
+        os.remove(records_path)
+    cmd = [python, '-m', 'benchmarks.nexmark.flink_baselines', f'--query={query}',
+           f'--records={records_path}', *flink_args, *config_args]
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+    start = time.perf_counter()
+    try:
+        with open(log_path, 'w', encoding='utf-8') as log:
+            log.write(' '.join(cmd) + '\n')
+            log.flush()
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=REPO_ROOT, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        result.error = f'timeout after {timeout_s:.0f} s'
+        result.wall_s = time.perf_counter() - start
+        return result
+    except OSError as e:
+        result.error = f'{type(e).__name__}: {e}'
+        return result
+    result.wall_s = time.perf_counter() - start
+    if proc.returncode != 0 or not os.path.exists(records_path):
+        result.error = f'PyFlink run failed (exit {proc.returncode}): {_log_tail(log_path)}'
+        return result
+    with open(records_path, encoding='utf-8') as f:
+        result.lines = sorted(flink_record_line(json.loads(line)) for line in f if line.strip())
+    result.output_count = len(result.lines)
+    result.ok = True
+    return result
+
+
+def _log_tail(path: str) -> str:
+    """The last error-looking line of a log (for a failed run's reason)."""
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return f'see {path}'
+    errors = [line for line in lines if 'Error' in line or 'Exception' in line]
+    return _first_line((errors or lines or [f'see {path}'])[-1]) + f' (log: {path})'
 
 
 def run_subprocess(query: int, runner: str, config_args: Sequence[str],
@@ -397,12 +541,55 @@ def run_subprocess(query: int, runner: str, config_args: Sequence[str],
 # ---------------------------------------------------------------- comparison of runs
 
 
+def q3_full_join_lines(config: NexmarkConfig) -> list[str]:
+    """Every pair Q3 can output (persons of OR/ID/CA with their category-10 auctions), as
+    canonical lines in the global window at its end (ms), from the generator."""
+    from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Auction, Person
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    from benchmarks.nexmark.generator import events
+    persons: dict[int, Any] = {}
+    auctions = []
+    for e in events(config):
+        x = e.event
+        if isinstance(x, Person) and x.state in ('OR', 'ID', 'CA'):
+            persons[x.id] = x
+        elif isinstance(x, Auction) and x.category == 10:
+            auctions.append(x)
+    window = GlobalWindow()
+    timestamp = Timestamp(micros=window.max_timestamp().micros // 1000 * 1000)
+    return sorted(output_line({'name': persons[a.seller].name, 'city': persons[a.seller].city,
+                               'state': persons[a.seller].state, 'auction_id': a.id},
+                              window, timestamp)
+                  for a in auctions if a.seller in persons)
+
+
+def arrival_order_verdict(query: int, tested: list[str], reference: list[str],
+                          config: NexmarkConfig) -> tuple[str, str] | None:
+    """For a streaming Q3 whose output differs from the reference's: if both are
+    duplicate-free parts of the full join, ('no (arrival order)', why); else None."""
+    if query != 3:
+        return None
+    full = set(q3_full_join_lines(config))
+
+    def valid(lines: list[str]) -> bool:
+        return len(set(lines)) == len(lines) and set(lines) <= full
+    if not (valid(tested) and valid(reference)):
+        return None
+    return 'no (arrival order)', (
+        f'both outputs are duplicate-free parts of the full join ({len(full)} pairs): '
+        f'{len(tested)} pairs here, {len(reference)} in the reference; which pairs the '
+        f'AfterCount(30) panes release depends on the order elements arrive in')
+
+
 def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
-                     config: NexmarkConfig) -> tuple[str, str]:
+                     config: NexmarkConfig, streaming: bool = False) -> tuple[str, str]:
     """(`yes`/`no`/`failed: reason`, note) for `tested` against `reference`.
 
     Q12: compared on `deterministic_lines`; if the reference fails on it, against
-    `oracle_lines` (the count per bidder straight from the generator).
+    `oracle_lines` (the count per bidder straight from the generator). In streaming, a
+    differing Q3 is checked with `arrival_order_verdict`.
     """
     if not tested.ok:
         return f'failed: {tested.error}', ''
@@ -427,6 +614,10 @@ def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
                        truncate_to_millis(ref_lines)).equal:
         note = '; '.join(p for p in (note, MS_NOTE, comparison.summary(1)) if p)
         return 'no (equal to the ms)', note
+    if streaming and query in ARRIVAL_ORDER_QUERIES:
+        verdict = arrival_order_verdict(query, tested.lines, ref_lines, config)
+        if verdict is not None:
+            return verdict
     return 'no', '; '.join(p for p in (note, comparison.summary()) if p)
 
 
@@ -493,9 +684,38 @@ NOTES = """\
   the Spark tasks; their output is written as the same canonical lines and compared
   exactly. Q3 reproduces Beam's batch behaviour of its `AfterCount(30)` trigger (only
   sellers with >= 30 grouped elements produce output; see that module).
+* **FlinkNative** (`--native flink`, optional extra): hand-written PyFlink DataStream
+  programs (batch execution mode) for the same six queries
+  (`benchmarks/nexmark/flink_baselines.py`), run by the python of the separate
+  virtualenv `.venv-flink` (`bash benchmarks/nexmark/setup_flink_venv.sh`; PyFlink pins
+  an old apache-beam); events generated in the Flink tasks, output records turned into
+  the same canonical lines and compared exactly. Its wall time includes starting Flink's
+  local cluster and its Python workers (about 15-25 s on this machine).
 * Wall time is measured around a fresh Python subprocess per (query, runner), so it
   includes interpreter and (for StreamsSparkRunner) JVM/Spark start-up; events/s =
   events / wall time.
+"""
+
+STREAMING_NOTES = """* **Streaming** (`--streaming`): Beam runs read the unbounded source
+  (`ReadUnboundedNexmarkEvents`: a splittable DoFn over parts of whole generator
+  timelines, watermark = event time of the last emitted event minus the out-of-order
+  bound, +inf at the end of a part) with Beam's `--streaming` option; with `--rate` the
+  source paces itself to that many events/s over all parts (self-checkpointing with
+  resume delays), so events/s cannot exceed the rate. The native baselines stay batch
+  programs over the same events.
+* **DirectRunner in streaming** (Beam 2.77): Beam's DirectRunner does not switch to the
+  BundleBasedDirectRunner on `--streaming`; without TestStream/PubSub it runs the
+  pipeline on the FnApiRunner, which runs the unbounded splittable DoFn to the end
+  (ignoring resume delays: a paced source is polled) and then the rest, stage by stage.
+  So it runs the same queries as in batch, with the same output: not Q4/Q6/Q9 (custom
+  merging window) and not Q12 (processing-time trigger, checked against the generator
+  oracle). The BundleBasedDirectRunner cannot run a splittable DoFn in streaming at all
+  (`Transform node ...ProcessKeyedElements/GroupByKey... was not replaced as expected`),
+  so Q4/Q9 have no streaming reference.
+* **Q3 in streaming**: its `Repeatedly(AfterCount(30))` panes hold whichever 30 elements
+  of a seller arrived first, so a streaming runner's output depends on arrival order;
+  when it differs from the reference, both are checked to be duplicate-free parts of the
+  full join and reported as "no (arrival order)".
 """
 
 
@@ -590,7 +810,8 @@ def environment() -> dict[str, str]:
     }
 
 
-def write_report(out_dir: str, rows: Sequence[Row], command: str) -> None:
+def write_report(out_dir: str, rows: Sequence[Row], command: str,
+                 mode: str = 'batch') -> None:
     """Write `results.csv`, `report.md` and `nexmark.png` into `out_dir`."""
     write_csv(os.path.join(out_dir, 'results.csv'), rows)
     write_plot(os.path.join(out_dir, 'nexmark.png'), rows)
@@ -599,8 +820,10 @@ def write_report(out_dir: str, rows: Sequence[Row], command: str) -> None:
                 for r in rows if r.note or r.equal.startswith(('no', 'failed'))]
     text = ['# NEXMark results', '']
     text += [f'* {k}: {v}' for k, v in env.items()]
+    text += [f'* mode: {mode}']
+    notes = NOTES + (STREAMING_NOTES if mode.startswith('streaming') else '')
     text += ['', 'Command:', '', '```', command, '```', '', markdown_table(rows), '',
-             '![events/s per query](nexmark.png)', '', '## Notes', '', NOTES, '## Findings', '']
+             '![events/s per query](nexmark.png)', '', '## Notes', '', notes, '## Findings', '']
     text += findings or ['* every query equal to its reference']
     with open(os.path.join(out_dir, 'report.md'), 'w', encoding='utf-8') as f:
         f.write('\n'.join(text) + '\n')
@@ -624,10 +847,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help='reference runner (Q4/Q9 use BundleBasedDirectRunner when '
                              'this is DirectRunner)')
     parser.add_argument('--out', default='bench-out', help='output directory')
-    parser.add_argument('--native', action='append', default=[], choices=['spark'],
-                        help='also run the native baselines (spark: hand-written PySpark, '
-                             f'{NATIVE_SPARK} rows, Q{",".join(map(str, NATIVE_QUERIES))}) '
-                             'and compare them with the reference')
+    parser.add_argument('--native', action='append', default=[], choices=['spark', 'flink'],
+                        help='also run native baselines (repeatable; spark: hand-written '
+                             f'PySpark, {NATIVE_SPARK} rows; flink: hand-written PyFlink in '
+                             f'.venv-flink, {NATIVE_FLINK} rows; for '
+                             f'Q{",".join(map(str, NATIVE_QUERIES))}) and compare them with '
+                             'the reference')
+    parser.add_argument('--streaming', action='store_true',
+                        help='read the unbounded source and run Beam runners with '
+                             '--streaming (the stream ends after --events)')
+    parser.add_argument('--rate', type=float, default=None,
+                        help='with --streaming: events/s over all source parts '
+                             '(default: as fast as possible)')
     parser.add_argument('--timeout', type=float, default=3600.0,
                         help='seconds per run before it counts as failed')
     return parser
@@ -644,23 +875,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, runner_args = NexmarkConfig.from_args(rest)
     config_args = [a for a in rest if a not in runner_args]
     queries = parse_queries(args.query)
+    if args.rate is not None and not args.streaming:
+        build_parser().error('--rate needs --streaming')
+    if args.rate is not None and args.rate <= 0:
+        build_parser().error('--rate must be positive')
+    stream_args = (['--streaming'] + ([f'--rate={args.rate}'] if args.rate else [])
+                   if args.streaming else [])
+    mode = ('streaming, ' + (f'{args.rate:g} events/s' if args.rate else 'as fast as possible')
+            if args.streaming else 'batch')
     out_dir = os.path.abspath(args.out)
     for sub in ('outputs', 'logs'):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
 
     plan: list[tuple[int, str, list[str]]] = []
     for q in queries:
-        plan.append((q, args.runner, runner_args))
+        plan.append((q, args.runner, stream_args + runner_args))
         if args.compare and reference_for(q, args.compare) != args.runner:
-            plan.append((q, reference_for(q, args.compare), []))
+            plan.append((q, reference_for(q, args.compare), list(stream_args)))
         if 'spark' in args.native and q in NATIVE_QUERIES:
             plan.append((q, NATIVE_SPARK,
                          [a for a in runner_args if a.startswith('--spark_master=')]))
+        if 'flink' in args.native and q in NATIVE_QUERIES:
+            plan.append((q, NATIVE_FLINK, []))
     results: dict[tuple[int, str], RunResult] = {}
     for i, (q, runner, extra) in enumerate(plan, 1):
         print(f'[{i}/{len(plan)}] Q{q} on {runner} ...', end=' ', flush=True)
-        result = run_subprocess(q, runner, config_args, extra, out_dir,
-                                config.num_events, args.timeout)
+        if runner == NATIVE_FLINK:
+            result = run_native_flink(q, config_args, out_dir, config.num_events,
+                                      args.timeout, extra)
+        else:
+            result = run_subprocess(q, runner, config_args, extra, out_dir,
+                                    config.num_events, args.timeout)
         results[(q, runner)] = result
         status = f'{result.output_count} outputs' if result.ok else f'FAILED {result.error}'
         print(f'{result.wall_s:.1f} s, {status}', flush=True)
@@ -675,20 +920,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ref_name == args.runner:
                 reference = None
         if args.compare and reference is not None:
-            equal, note = equality_verdict(q, tested, reference, config)
+            equal, note = equality_verdict(q, tested, reference, config, args.streaming)
         elif args.compare is None and q in PROCESSING_TIME_QUERIES:
-            equal, note = equality_verdict(q, tested, None, config)
+            equal, note = equality_verdict(q, tested, None, config, args.streaming)
         else:
             equal, note = ('failed: ' + tested.error if not tested.ok else '-'), ''
         rows.append(make_row(tested, equal, note))
         if reference is not None:
             rows.append(make_row(reference, 'reference' if reference.ok
                                  else f'failed: {reference.error}'))
-        native = results.get((q, NATIVE_SPARK))
-        if native is not None and args.runner != NATIVE_SPARK:
+        for native_runner in (NATIVE_SPARK, NATIVE_FLINK):
+            native = results.get((q, native_runner))
+            if native is None or args.runner == native_runner:
+                continue
             if args.compare:
                 ref = results[(q, reference_for(q, args.compare))]
-                equal, note = equality_verdict(q, native, ref, config)
+                equal, note = equality_verdict(q, native, ref, config, args.streaming)
             else:
                 equal, note = ('failed: ' + native.error if not native.ok else '-'), ''
             rows.append(make_row(native, equal, note))
@@ -696,7 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(format_table(rows))
     command = 'python -m benchmarks.nexmark ' + ' '.join(argv)
-    write_report(out_dir, rows, command)
+    write_report(out_dir, rows, command, mode)
     print(f'\nwrote {out_dir}/results.csv, report.md, nexmark.png')
     return 0
 
