@@ -238,3 +238,24 @@ def test_launcher_streaming_end_to_end(tmp_path):
     report = (tmp_path / 'report.md').read_text()
     assert 'mode: streaming, as fast as possible' in report
     assert (tmp_path / 'results.csv').exists()
+
+
+def test_streaming_q3_differences_are_checked_against_the_full_join():
+    from benchmarks.nexmark.launcher import RunResult, equality_verdict, q3_full_join_lines
+    config = NexmarkConfig(num_events=30_000)
+    full = q3_full_join_lines(config)
+    assert len(full) > 60
+
+    def run(lines):
+        return RunResult(3, 'X', config.num_events, ok=True, lines=sorted(lines),
+                         output_count=len(lines))
+    # Different parts of the full join: an arrival-order difference, in streaming only.
+    verdict, note = equality_verdict(3, run(full[:40]), run(full[20:]), config, True)
+    assert verdict == 'no (arrival order)' and 'AfterCount(30)' in note
+    assert equality_verdict(3, run(full[:40]), run(full[20:]), config)[0] == 'no'
+    # A duplicate or a pair outside the join is a plain difference.
+    assert equality_verdict(3, run(full[:40] + full[:1]), run(full[20:]), config,
+                            True)[0] == 'no'
+    assert equality_verdict(3, run([*full[:40], 'x\ty\tz']), run(full), config,
+                            True)[0] == 'no'
+    assert equality_verdict(3, run(full), run(full), config, True)[0] == 'yes'
