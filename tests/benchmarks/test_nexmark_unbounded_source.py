@@ -259,3 +259,18 @@ def test_streaming_q3_differences_are_checked_against_the_full_join():
     assert equality_verdict(3, run([*full[:40], 'x\ty\tz']), run(full), config,
                             True)[0] == 'no'
     assert equality_verdict(3, run(full), run(full), config, True)[0] == 'yes'
+
+
+def test_a_runner_that_cannot_stream_is_a_failed_result_with_its_reason():
+    from apache_beam.runners.runner import PipelineRunner
+
+    from beam_streams_runner.errors import UnsupportedFeatureError
+    from benchmarks.nexmark.launcher import run_query
+
+    class NoStreaming(PipelineRunner):
+        def run_pipeline(self, pipeline, options):
+            raise UnsupportedFeatureError('streaming is not supported yet')
+
+    result = run_query(0, NoStreaming(), NexmarkConfig(num_events=10), streaming=True)
+    assert not result.ok
+    assert result.error == 'UnsupportedFeatureError: streaming is not supported yet'
