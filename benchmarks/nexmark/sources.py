@@ -267,7 +267,7 @@ class NexmarkWatermarkEstimator(iobase.WatermarkEstimator):
         """No event follows: the watermark goes to +inf."""
         self._watermark = MAX_TIMESTAMP
 
-    def pacing_origin(self, now: float, default: float) -> float:
+    def pacing_origin(self, default: float) -> float:
         """The pacing origin, set to `default` the first time (and when a runner dropped
         the estimator state)."""
         if self._origin is None:
@@ -360,7 +360,7 @@ class UnboundedNexmarkFn(beam.DoFn, NexmarkRestrictionProvider,
             rate = part_rate(self._rate, part.size, config.max_events)
             # A first call starts the clock; a resumed call whose runner lost the state
             # assumes it is on schedule.
-            origin = watermark_estimator.pacing_origin(now, now - start / rate)
+            origin = watermark_estimator.pacing_origin(now - start / rate)
             elapsed = now - origin
         end, delay = pacing_step(start, stop, elapsed, rate)
         generator_configs = config.generator_configs()

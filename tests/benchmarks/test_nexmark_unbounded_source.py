@@ -140,13 +140,13 @@ def test_watermark_never_passes_a_later_event(changes):
 
 def test_watermark_state_round_trips_through_a_checkpoint():
     estimator = NexmarkWatermarkEstimator((MIN_TIMESTAMP.micros, None), 40)
-    assert estimator.pacing_origin(now=100.0, default=99.0) == 99.0
+    assert estimator.pacing_origin(default=99.0) == 99.0
     estimator.advance(Timestamp(micros=5_000_000))
     state = estimator.get_estimator_state()
     assert state == (4_960_000, 99.0)
     resumed = NexmarkWatermarkEstimator(state, 40)
     assert resumed.current_watermark() == Timestamp(micros=4_960_000)
-    assert resumed.pacing_origin(now=200.0, default=150.0) == 99.0
+    assert resumed.pacing_origin(default=150.0) == 99.0
     resumed.advance(Timestamp(micros=1_000_000))  # older: the watermark does not go back
     assert resumed.current_watermark() == Timestamp(micros=4_960_000)
 
