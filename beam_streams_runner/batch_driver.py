@@ -42,21 +42,17 @@ class BatchDriver:
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self._on_progress = on_progress or (lambda message: None)
-        self._worker_plan = tasks.WorkerPlan(
-            run_id=self.run_id,
-            components=plan.components,
-            stages={s.name: s for s in plan.stages},
-            groupings=self._groupings(),
-            bundle_size=bundle_size,
-            num_partitions=self.num_partitions,
-            driver_sys_path=tuple(p for p in sys.path if p))
+        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
         self._stage_rdds: dict[str, RDD] = {}
         self._side_chunks: dict[bytes, list[bytes]] = {}
-        self._uses = self._count_uses()
+        self._uses = count_uses(plan)
 
     @property
     def job_group(self) -> str:
         return self.run_id
+
+    def cancel(self) -> None:
+        self.sc.cancelJobGroup(self.run_id)
 
     def run(self) -> None:
         sc = self.sc
@@ -72,7 +68,7 @@ class BatchDriver:
                 sc.setJobDescription('Beam pipeline: ' + ', '.join(
                     s.display_name for s in self.plan.stages if self._uses[s.name] == 0)[:900])
                 self._on_progress('running the pipeline')
-                final.foreach(_discard)
+                final.foreach(discard)
         except Exception as exc:
             error = pipeline_error_from_spark(exc)
             if error is exc:
@@ -124,7 +120,7 @@ class BatchDriver:
                     _key_partition_fn(self._plan_bc, coder_id, stage.key_coders[input_id],
                                       input_id)))
             else:
-                inputs.append(self._buffer(buffer_id).map(_retag(input_id)))
+                inputs.append(self._buffer(buffer_id).map(retag(input_id)))
         source = inputs[0] if len(inputs) == 1 else self.sc.union(inputs)
         plan_bc, metrics, warnings, name = (
             self._plan_bc, self.metrics, self.warnings, stage.name)
@@ -151,12 +147,12 @@ class BatchDriver:
 
         return (self._buffer(buffer_id)
                 .mapPartitionsWithIndex(deal)
-                .partitionBy(self.num_partitions, _identity)
+                .partitionBy(self.num_partitions, identity)
                 .values())
 
     def _shuffled(self, buffer_rdd: RDD, input_id: str, partition_fn) -> RDD:
         return buffer_rdd.mapPartitions(partition_fn).partitionBy(
-            self.num_partitions, _identity).values()
+            self.num_partitions, identity).values()
 
     def _buffer(self, buffer_id: bytes) -> RDD:
         """The records of one buffer: the union of what its producers wrote to it."""
@@ -171,35 +167,50 @@ class BatchDriver:
             self._side_chunks[buffer_id] = self._buffer(buffer_id).values().collect()
         return self._side_chunks[buffer_id]
 
-    # Bookkeeping -------------------------------------------------------------------
-    def _count_uses(self) -> dict[str, int]:
-        """How many times each stage's output RDD is read (main and side inputs)."""
-        uses: dict[str, int] = collections.Counter()
-        for stage in self.plan.stages:
-            uses[stage.name] += 0
-            read = list(stage.inputs.values()) + [b for b, _ in stage.side_inputs.values()]
-            for buffer_id in set(read):
-                for producer in self.plan.producers(buffer_id):
-                    uses[producer.name] += 1
-        return uses
 
-    def _groupings(self) -> dict[bytes, tasks.GroupingSpec]:
-        context = self.plan.execution_context
-        components = context.pipeline_components
-        groupings = {}
-        for buffer_id, transform_id in self.plan.gbk_transforms.items():
-            transform = components.transforms[transform_id]
-            assert transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn
-            input_pcoll = next(iter(transform.inputs.values()))
-            output_pcoll = next(iter(transform.outputs.values()))
-            input_coder = context.data_channel_coders[input_pcoll]
-            groupings[buffer_id] = tasks.GroupingSpec(
-                input_coder_id=input_coder,
-                key_coder_id=_kv_key_coder_id(context, input_coder),
-                output_coder_id=context.data_channel_coders[output_pcoll],
-                windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id,
-                step_name=transform.unique_name)
-        return groupings
+
+def worker_plan(plan: PipelinePlan, run_id: str, bundle_size: int,
+                num_partitions: int) -> tasks.WorkerPlan:
+    """What every task of a run needs, broadcast once (batch and streaming)."""
+    return tasks.WorkerPlan(
+        run_id=run_id,
+        components=plan.components,
+        stages={s.name: s for s in plan.stages},
+        groupings=_groupings(plan),
+        bundle_size=bundle_size,
+        num_partitions=num_partitions,
+        driver_sys_path=tuple(p for p in sys.path if p))
+
+
+def count_uses(plan: PipelinePlan) -> dict[str, int]:
+    """How many times each stage's output RDD is read (main and side inputs)."""
+    uses: dict[str, int] = collections.Counter()
+    for stage in plan.stages:
+        uses[stage.name] += 0
+        read = list(stage.inputs.values()) + [b for b, _ in stage.side_inputs.values()]
+        for buffer_id in set(read):
+            for producer in plan.producers(buffer_id):
+                uses[producer.name] += 1
+    return uses
+
+
+def _groupings(plan: PipelinePlan) -> dict[bytes, tasks.GroupingSpec]:
+    context = plan.execution_context
+    components = context.pipeline_components
+    groupings = {}
+    for buffer_id, transform_id in plan.gbk_transforms.items():
+        transform = components.transforms[transform_id]
+        assert transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn
+        input_pcoll = next(iter(transform.inputs.values()))
+        output_pcoll = next(iter(transform.outputs.values()))
+        input_coder = context.data_channel_coders[input_pcoll]
+        groupings[buffer_id] = tasks.GroupingSpec(
+            input_coder_id=input_coder,
+            key_coder_id=_kv_key_coder_id(context, input_coder),
+            output_coder_id=context.data_channel_coders[output_pcoll],
+            windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id,
+            step_name=transform.unique_name)
+    return groupings
 
 
 def _key_partition_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
@@ -209,15 +220,15 @@ def _key_partition_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
     return partition
 
 
-def _retag(input_id: str):
+def retag(input_id: str):
     def retag(record):
         return input_id, record[1]
     return retag
 
 
-def _identity(partition: int) -> int:
+def identity(partition: int) -> int:
     return partition
 
 
-def _discard(_record) -> None:
+def discard(_record) -> None:
     return None

@@ -33,10 +33,12 @@ from beam_streams_runner.errors import NonDeterministicKeyCoderError, Unsupporte
 from beam_streams_runner.translators.read import count_source_outputs, is_source_bundle_counter
 
 RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
+TEST_STREAM_URN = common_urns.primitives.TEST_STREAM.urn
 RUNNER_PRIMITIVES = frozenset([
     common_urns.primitives.FLATTEN.urn,
     common_urns.primitives.GROUP_BY_KEY.urn,
     RESHUFFLE_URN,
+    TEST_STREAM_URN,
 ])
 
 PHASES = [
@@ -67,7 +69,7 @@ class StagePlan:
 
     name: str
     index: int
-    kind: str  # 'sdk' (runs in the SDK harness) or 'reshuffle' (runner-only)
+    kind: str  # 'sdk' (runs in the SDK harness), 'reshuffle' or 'test_stream' (runner-only)
     step_names: list[str]
     inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
     outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
@@ -78,6 +80,9 @@ class StagePlan:
     stateful: bool
     key_coders: dict[str, str]  # stateful: DATA_INPUT transform id -> key coder id
     descriptor: bytes | None  # serialized ProcessBundleDescriptor ('sdk' stages)
+    # 'test_stream' stages: the TestStreamPayload, and output tag -> DATA_OUTPUT id.
+    test_stream: bytes | None = None
+    test_stream_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def display_name(self) -> str:
@@ -111,18 +116,15 @@ class PipelinePlan:
         ]
 
 
-def check_supported(pipeline_proto: beam_runner_api_pb2.Pipeline, streaming: bool) -> None:
-    """Rejects what this batch driver cannot run, before anything runs."""
-    for transform in pipeline_proto.components.transforms.values():
-        if transform.spec.urn == common_urns.primitives.TEST_STREAM.urn:
-            raise UnsupportedFeatureError(
-                f"Step '{transform.unique_name}' is a TestStream, which needs the streaming "
-                'driver of StreamsSparkRunner; it is not available yet in this release '
-                '(batch only). Run this pipeline on the DirectRunner meanwhile.')
-    if streaming:
-        raise UnsupportedFeatureError(
-            '--streaming is not available yet in this release of StreamsSparkRunner '
-            '(batch only). Drop --streaming for bounded pipelines.')
+def needs_streaming(pipeline_proto: beam_runner_api_pb2.Pipeline, streaming: bool) -> bool:
+    """Whether the streaming driver runs the pipeline: `--streaming`, or a TestStream.
+
+    An unbounded source that ends by itself (e.g. `PeriodicImpulse` with a stop
+    time) still runs to completion on the batch driver without `--streaming`,
+    as on Beam's FnApiRunner.
+    """
+    return streaming or any(
+        t.spec.urn == TEST_STREAM_URN for t in pipeline_proto.components.transforms.values())
 
 
 def stateful_main_input(transform: beam_runner_api_pb2.PTransform) -> str | None:
@@ -160,12 +162,53 @@ def check_deterministic_keys(
                 'beam.coders.registry.register_coder(KeyType, YourCoder).')
 
 
+def keep_timestamped_combines_unlifted(
+    stages: Iterable[translations.Stage], context: translations.TransformContext
+) -> Iterable[translations.Stage]:
+    """Streaming fusion phase: a CombinePerKey whose output timestamp depends on its
+    elements (any timestamp combiner but end-of-window) is not lifted.
+
+    The partial combine before the shuffle merges the timestamps of all the
+    bundle's elements, but in streaming the trigger driver must leave out those
+    already behind the output watermark when it sets the watermark hold (Beam's
+    transcript `known_late_data_watermark`); the unlifted GroupByKey sees every
+    element's own timestamp. In batch the output watermark never holds anything
+    back, so lifting stays exact there.
+    """
+    end_of_window = beam_runner_api_pb2.OutputTime.END_OF_WINDOW
+    components = context.components
+    for stage in stages:
+        transform = stage.transforms[0] if len(stage.transforms) == 1 else None
+        if (transform is not None
+                and transform.spec.urn == common_urns.composites.COMBINE_PER_KEY.urn):
+            input_pcoll = components.pcollections[next(iter(transform.inputs.values()))]
+            strategy = components.windowing_strategies[input_pcoll.windowing_strategy_id]
+            if strategy.output_time != end_of_window:
+                for sub in transform.subtransforms:
+                    yield translations.Stage(
+                        sub, [components.transforms[sub]],
+                        downstream_side_inputs=stage.downstream_side_inputs,
+                        must_follow=stage.must_follow, parent=stage.name,
+                        environment=stage.environment)
+                continue
+        yield stage
+
+
+STREAMING_PHASES = [
+    keep_timestamped_combines_unlifted if phase is translations.lift_combiners else phase
+    for phase in PHASES
+]
+STREAMING_PHASES.insert(STREAMING_PHASES.index(keep_timestamped_combines_unlifted) + 1,
+                        translations.lift_combiners)
+
+
 def build_plan(
-    pipeline_proto: beam_runner_api_pb2.Pipeline, is_drain: bool = False
+    pipeline_proto: beam_runner_api_pb2.Pipeline, is_drain: bool = False,
+    streaming: bool = False,
 ) -> PipelinePlan:
     stage_context, stages = translations.create_and_optimize_stages(
         copy.deepcopy(pipeline_proto),
-        phases=PHASES,
+        phases=STREAMING_PHASES if streaming else PHASES,
         known_runner_urns=RUNNER_PRIMITIVES,
         use_state_iterables=False,
         is_drain=is_drain)
@@ -212,6 +255,7 @@ def _stage_plan(
     input_coders: dict[str, str] = {}
     output_coders: dict[str, str] = {}
     is_reshuffle = any(t.spec.urn == RESHUFFLE_URN for t in stage.transforms)
+    test_stream = next((t for t in stage.transforms if t.spec.urn == TEST_STREAM_URN), None)
     for transform in stage.transforms:
         if transform.spec.urn == bundle_processor.DATA_INPUT_URN:
             buffer_id = context.input_transform_to_buffer_id[transform.unique_name]
@@ -248,7 +292,16 @@ def _stage_plan(
     if stateful:
         for transform_id, coder_id in input_coders.items():
             key_coders[transform_id] = _kv_key_coder_id(context, coder_id)
-    if is_reshuffle:
+    test_stream_outputs = {}
+    if test_stream is not None:
+        # A runner-only stage: the driver feeds its events (see translators/test_stream).
+        descriptor = None
+        kind = 'test_stream'
+        writers = {next(iter(t.inputs.values())): t.unique_name for t in stage.transforms
+                   if t.spec.urn == bundle_processor.DATA_OUTPUT_URN}
+        test_stream_outputs = {tag: writers[pcoll] for tag, pcoll in test_stream.outputs.items()
+                               if pcoll in writers}
+    elif is_reshuffle:
         # A runner-only stage: the SDK harness never sees it.
         descriptor = None
         kind = 'reshuffle'
@@ -268,7 +321,9 @@ def _stage_plan(
         side_inputs=side_inputs,
         stateful=stateful,
         key_coders=key_coders,
-        descriptor=descriptor)
+        descriptor=descriptor,
+        test_stream=test_stream.spec.payload if test_stream is not None else None,
+        test_stream_outputs=test_stream_outputs)
 
 
 def _output_buffer_id(context, stage, transform) -> bytes:

@@ -6,15 +6,28 @@ concatenation of elements encoded by the PCollection's windowed-value coder
 (Beam's Cython coders), as the SDK harness writes them to its data channel. A
 chunk is the unit of a bundle downstream: one bundle in, one bundle out.
 Shuffles move `(target partition, (buffer id, chunk))` pairs.
+
+In streaming, a record's payload may instead be a `Punctuation`: the watermark
+of one upstream channel, sent in band after the data that channel produced in
+the epoch (design section 5), so that every consumer partition sees it after
+that data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
+from typing import NamedTuple
 
 from apache_beam.coders.coder_impl import create_InputStream
 
 Record = tuple[bytes, bytes]  # (buffer id, encoded elements)
+
+
+class Punctuation(NamedTuple):
+    """A watermark in band: `channel` promises no more data before `watermark` (micros)."""
+
+    channel: Hashable  # (producing stage, partition): one upstream partition
+    watermark: int
 
 
 def decode_with_raw(coder_impl, data: bytes) -> Iterator[tuple[object, bytes]]:

@@ -31,9 +31,10 @@ from apache_beam.transforms import environments
 from beam_streams_runner.batch_driver import BatchDriver
 from beam_streams_runner.errors import UnpicklableUserCodeError
 from beam_streams_runner.options import spark_parallelism, validate_streams_spark_options
-from beam_streams_runner.plan import build_plan, check_deterministic_keys, check_supported
+from beam_streams_runner.plan import build_plan, check_deterministic_keys, needs_streaming
 from beam_streams_runner.result import StreamsSparkPipelineResult
 from beam_streams_runner.spark_session import get_or_create_spark
+from beam_streams_runner.streaming_driver import StreamingDriver
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -68,22 +69,34 @@ class StreamsSparkRunner(PipelineRunner):
                 f'{exc}. Keep DoFns free of open files, locks, sockets and clients: create '
                 'them in DoFn.setup() instead of __init__.') from exc
         proto = merge_common_environments(merge_superset_dep_environments(proto))
-        check_supported(proto, options.view_as(StandardOptions).streaming)
-        plan = build_plan(proto, is_drain=self._is_drain)
+        streaming = needs_streaming(proto, options.view_as(StandardOptions).streaming)
+        plan = build_plan(proto, is_drain=self._is_drain, streaming=streaming)
         try:
             check_deterministic_keys(proto, plan.execution_context.pipeline_context)
             spark = get_or_create_spark(spark_options, app_name='beam-streams-runner')
+            if streaming:
+                driver = StreamingDriver(
+                    spark.sparkContext, plan,
+                    bundle_size=spark_options.bundle_size,
+                    bundle_time_ms=spark_options.bundle_time_ms,
+                    num_partitions=spark_parallelism(options),
+                    on_progress=_log_progress)
+            else:
+                driver = BatchDriver(
+                    spark.sparkContext, plan,
+                    bundle_size=spark_options.bundle_size,
+                    num_partitions=spark_parallelism(options),
+                    on_progress=_log_progress)
         except BaseException:
             plan.close()
             raise
-        driver = BatchDriver(
-            spark.sparkContext, plan,
-            bundle_size=spark_options.bundle_size,
-            num_partitions=spark_parallelism(options),
-            on_progress=lambda message: _LOGGER.info('StreamsSparkRunner: %s', message))
         return StreamsSparkPipelineResult(
             run=driver.run,
-            cancel=lambda: spark.sparkContext.cancelJobGroup(driver.job_group),
+            cancel=driver.cancel,
             metric_totals=lambda: driver.metrics.value,
             on_done=plan.close,
         ).start()
+
+
+def _log_progress(message: str) -> None:
+    _LOGGER.info('StreamsSparkRunner: %s', message)

@@ -44,6 +44,17 @@ class TimerQueue:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def __getstate__(self) -> dict:
+        # itertools.count does not pickle on every Python version: keep its next value.
+        state = dict(self.__dict__)
+        state['_seq'] = next(self._seq)
+        self._seq = itertools.count(state['_seq'] + 1)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._seq = itertools.count(state['_seq'])
+
     def __contains__(self, timer_id: Hashable) -> bool:
         return timer_id in self._by_id
 

@@ -19,14 +19,18 @@ import functools
 import zlib
 from collections.abc import Iterable, Iterator
 
+from apache_beam.internal import pickler
 from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
+from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
+from sortedcontainers import SortedList
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
 from beam_streams_runner.records import ChunkBuilder, Record, chunks_by_target, decode_with_raw
+from beam_streams_runner.state.keyed_state import KeyedStateIndex
 
 _ONLY_PANE = PaneInfo(
     is_first=True, is_last=True, timing=PaneInfoTiming.ON_TIME, index=0, nonspeculative_index=0)
@@ -74,8 +78,8 @@ class KeyPartitioner:
         return chunks_by_target(routed, n, self._bundle_size, tag)
 
 
-class GroupByKeyOperator(Operator):
-    """Reduce side of GroupByKey: per-key buffers, fired by the watermark."""
+class _GroupingOperator(Operator):
+    """What both reduce sides of GroupByKey decode, group and encode with."""
 
     def __init__(self, input_coder_impl, output_coder_impl, key_coder_impl, windowing,
                  output_id: str, bundle_size: int, channels=('input',)) -> None:
@@ -86,10 +90,17 @@ class GroupByKeyOperator(Operator):
         self._windowing = windowing
         self._output_id = output_id
         self._bundle_size = bundle_size
+
+
+class GroupByKeyOperator(_GroupingOperator):
+    """Reduce side of GroupByKey: per-key buffers, fired by the watermark."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._buffers: dict[bytes, tuple[object, list]] = {}
         # Global window, default trigger: one pane per key at the end, as
         # Beam's own batch grouping does; values are kept without their windows.
-        self._trivial = windowing.is_default()
+        self._trivial = self._windowing.is_default()
 
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         encode_key = self._key_coder.encode_nested
@@ -136,3 +147,190 @@ class GroupByKeyOperator(Operator):
             out.append((self._output_id, rest))
         self._buffers = {}
         return out
+
+
+class EpochClock:
+    """Processing time as the streaming driver sets it for an epoch (Beam's clock API)."""
+
+    def __init__(self, micros: int = 0) -> None:
+        self.micros = micros
+
+    def time(self) -> Timestamp:
+        return Timestamp(micros=self.micros)
+
+
+class StreamingGroupByKeyOperator(_GroupingOperator):
+    """Reduce side of GroupByKey in streaming: Beam's trigger driver per key, across epochs.
+
+    Design section 7. Each key holds Beam's `InMemoryUnmergedState` (panes,
+    trigger state, watermark holds, timers) driven by
+    `trigger.create_trigger_driver` in streaming mode, so every trigger,
+    accumulation mode, merging WindowFn and allowed lateness behaves as in Beam.
+    Three ordered indexes make a watermark or clock advance touch only what is
+    due: keys by their earliest event-time timer, keys by their earliest
+    processing-time timer, keys by their earliest watermark hold (the output
+    watermark is min(input watermark, earliest hold)); expired keys are found
+    through `KeyedStateIndex` by the earliest window they hold.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lateness = self._windowing.allowed_lateness.micros
+        self.clock = EpochClock()
+        self._driver = trigger.create_trigger_driver(self._windowing, clock=self.clock)
+        self._keys: dict[bytes, tuple[object, trigger.InMemoryUnmergedState]] = {}
+        self._indexed: dict[bytes, tuple[int | None, int | None, int | None]] = {}
+        self._event_due: SortedList = SortedList()  # (earliest event-time timer, key)
+        self._clock_due: SortedList = SortedList()  # (earliest processing-time timer, key)
+        self._holds: SortedList = SortedList()  # (earliest watermark hold, key)
+        self._expiry = KeyedStateIndex()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def sizes(self) -> dict[str, int]:
+        return {'keys': len(self._keys),
+                'timers': len(self._event_due) + len(self._clock_due)}
+
+    # State across epochs ---------------------------------------------------------
+    def snapshot(self) -> bytes:
+        return pickler.dumps(
+            (self._keys, self.watermarks.current(), self.clock.micros), enable_trace=False)
+
+    def restore(self, data: bytes) -> None:
+        keys, watermark, now = pickler.loads(data, enable_trace=False)
+        self.clock.micros = now
+        self.watermarks.advance('input', watermark)
+        for encoded, entry in keys.items():
+            self._keys[encoded] = entry
+            self._reindex(encoded)
+
+    # The operator contract ---------------------------------------------------------
+    def process_bundle(self, bundle: Bundle) -> list[Record]:
+        by_key: dict[bytes, list] = {}
+        encode_key = self._key_coder.encode_nested
+        for _, chunk in bundle:
+            for windowed in self._input_coder.decode_all(chunk):
+                key, value = windowed.value
+                encoded = encode_key(key)
+                values = by_key.get(encoded)
+                if values is None:
+                    values = by_key[encoded] = []
+                    if encoded not in self._keys:
+                        self._keys[encoded] = (key, trigger.InMemoryUnmergedState())
+                values.append(windowed.with_value(value))
+        # The input watermark stands for the output watermark too, as in Beam's own
+        # trigger transcripts: a hold of this operator must not make an element
+        # that is late for the input look early (transcript `early_late_sessions`).
+        input_watermark = Timestamp(micros=self.watermarks.current())
+        out = _Output(self._output_coder, self._output_id, self._bundle_size)
+        for encoded, values in by_key.items():
+            key, state = self._keys[encoded]
+            out.extend(key, self._driver.process_elements(
+                state, values, input_watermark, input_watermark))
+            self._reindex(encoded)
+        return out.records()
+
+    def on_input_watermark(self, watermark: int) -> list[Record]:
+        out = _Output(self._output_coder, self._output_id, self._bundle_size)
+        self._fire(self._event_due, watermark, out)
+        self._expire(watermark)
+        return out.records()
+
+    def on_processing_time(self, now: int) -> list[Record]:
+        """Advances processing time to `now` (micros) and fires what became due."""
+        self.clock.micros = max(self.clock.micros, now)
+        out = _Output(self._output_coder, self._output_id, self._bundle_size)
+        self._fire(self._clock_due, self.clock.micros, out)
+        return out.records()
+
+    def output_watermark(self) -> int:
+        watermark = self.watermarks.current()
+        if self._holds:
+            watermark = min(watermark, self._holds[0][0])
+        return watermark
+
+    def next_processing_time(self) -> int | None:
+        """When the earliest processing-time timer fires, or None."""
+        return self._clock_due[0][0] if self._clock_due else None
+
+    # Firing ------------------------------------------------------------------------
+    def _fire(self, due_index: SortedList, up_to: int, out: _Output) -> None:
+        # Firing may set new timers that are due at once (e.g. a repeated trigger).
+        while due_index and due_index[0][0] <= up_to:
+            keys = [key for _, key in due_index.irange(
+                maximum=(up_to + 1,), inclusive=(True, False))]
+            watermark = Timestamp(micros=self.watermarks.current())
+            now = Timestamp(micros=self.clock.micros)
+            for encoded in keys:
+                key, state = self._keys[encoded]
+                fired, _ = state.get_timers(clear=True, watermark=watermark, processing_time=now)
+                for window_id, (name, domain, timestamp, _) in fired:
+                    out.extend(key, self._driver.process_timer(
+                        window_id, name, domain, timestamp, state, watermark))
+                self._reindex(encoded)
+
+    def _expire(self, watermark: int) -> None:
+        for encoded in self._expiry.candidates(watermark - self._lateness):
+            latest = self._expiry.latest_window(encoded)
+            if latest is None or latest + self._lateness >= watermark:
+                continue
+            _, state = self._keys[encoded]
+            if state.timers:
+                continue
+            del self._keys[encoded]
+            self._reindex(encoded)
+
+    # Indexes -----------------------------------------------------------------------
+    def _reindex(self, encoded: bytes) -> None:
+        old = self._indexed.pop(encoded, None)
+        if old is not None:
+            for index, value in zip((self._event_due, self._clock_due, self._holds), old,
+                                    strict=True):
+                if value is not None:
+                    index.remove((value, encoded))
+        self._expiry.remove_key(encoded)
+        entry = self._keys.get(encoded)
+        if entry is None:
+            return
+        state = entry[1]
+        event_time = clock_time = None
+        for timers in state.timers.values():
+            for (_, domain, _), timestamp in timers.items():
+                micros = timestamp.micros
+                if domain == TimeDomain.WATERMARK:
+                    event_time = micros if event_time is None else min(event_time, micros)
+                else:
+                    clock_time = micros if clock_time is None else min(clock_time, micros)
+        hold = state.get_earliest_hold()
+        hold_micros = hold.micros if hold < MAX_TIMESTAMP else None
+        new = (event_time, clock_time, hold_micros)
+        for index, value in zip((self._event_due, self._clock_due, self._holds), new,
+                                strict=True):
+            if value is not None:
+                index.add((value, encoded))
+        self._indexed[encoded] = new
+        for window in trigger.MergeableStateAdapter(state).known_windows():
+            self._expiry.add_window(encoded, window.max_timestamp().micros)
+
+
+class _Output:
+    """Encodes fired panes `(key, values)` into chunks of at most `bundle_size`."""
+
+    def __init__(self, coder_impl, output_id: str, bundle_size: int) -> None:
+        self._encode = coder_impl.encode_nested
+        self._output_id = output_id
+        self._builder = ChunkBuilder(bundle_size)
+        self._records: list[Record] = []
+
+    def extend(self, key, panes) -> None:
+        for pane in panes:
+            full = self._builder.add(self._encode(pane.with_value((key, pane.value))))
+            if full is not None:
+                self._records.append((self._output_id, full))
+
+    def records(self) -> list[Record]:
+        rest = self._builder.flush()
+        if rest is not None:
+            self._records.append((self._output_id, rest))
+        return self._records

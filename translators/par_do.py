@@ -28,15 +28,17 @@ import collections
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from apache_beam.coders.coder_impl import create_OutputStream
+from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import BundleContextManager
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.metrics import MetricTotals
-from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
+from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK, Bundle, Operator
 from beam_streams_runner.plan import StagePlan, stateful_main_input
 from beam_streams_runner.records import Record, decode_with_raw
 from beam_streams_runner.state.keyed_state import KeyedStateStore
@@ -51,6 +53,15 @@ _CHECKPOINT_FRACTION = 1e-9
 _PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
 
+class Residual(NamedTuple):
+    """What is left of a splittable DoFn's restriction, kept for a later epoch."""
+
+    input_id: str
+    element: bytes  # encoded (element, restriction, watermark estimator state)
+    resume_delay_s: float
+    watermark: int  # micros: the output watermark the restriction's estimator allows
+
+
 class FusedStageOperator(Operator):
     """One partition of a fused stage, run by the in-process SDK harness."""
 
@@ -61,8 +72,15 @@ class FusedStageOperator(Operator):
         side_inputs: Mapping[bytes, bytes],
         bundle_size: int = 0,
         channels=('input',),
+        streaming: bool = False,
+        bundle_time_ms: int = 0,
     ) -> None:
         super().__init__(channels)
+        # Streaming: SDF residuals go back to the driver (`residuals`) instead of
+        # being read on here, and bundles are also cut after `bundle_time_ms`.
+        self._streaming = streaming
+        self._bundle_time_ms = bundle_time_ms
+        self.residuals: list[Residual] = []
         self.runtime = runtime
         self.stage = stage
         self.descriptor_id = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
@@ -113,6 +131,30 @@ class FusedStageOperator(Operator):
             self.keyed_state.expire(watermark, self._allowed_lateness, self._is_pinned)
         return outputs
 
+    def on_processing_time(self, now: int) -> list[Record]:
+        """Fires the processing-time timers due at `now` (micros, the driver's clock)."""
+        outputs: list[Record] = []
+        while True:
+            due = self.processing_timers.pop_due(now)
+            if not due:
+                return outputs
+            outputs.extend(self._fire(due))
+
+    def next_processing_time(self) -> int | None:
+        return self.processing_timers.next_timestamp()
+
+    def snapshot(self) -> bytes:
+        """The partition's keyed state, timers and input watermark (streaming epochs)."""
+        return pickler.dumps(
+            (self.keyed_state, self.event_timers, self.processing_timers,
+             self.watermarks.current()), enable_trace=False)
+
+    def restore(self, data: bytes) -> None:
+        (self.keyed_state, self.event_timers, self.processing_timers,
+         watermark) = pickler.loads(data, enable_trace=False)
+        self.state.keyed_state = self.keyed_state
+        self.watermarks.advance('input', watermark)
+
     def output_watermark(self) -> int:
         holds = [self.watermarks.current()]
         for queue in (self.event_timers, self.processing_timers):
@@ -129,6 +171,10 @@ class FusedStageOperator(Operator):
         while pending:
             data, fired = pending.pop()
             delayed, cuts = self._run_bundle(data, fired, outputs)
+            if self._streaming:
+                self._last_data = data
+                self._keep_residuals(delayed, cuts)
+                continue
             residuals: dict[str, list[bytes]] = collections.defaultdict(list)
             delays = [0.0]
             for cut in cuts:
@@ -146,6 +192,33 @@ class FusedStageOperator(Operator):
                     time.sleep(min(delays))
                 pending.append((residuals, {}))
         return outputs
+
+    def _keep_residuals(self, delayed, cuts) -> None:
+        """Streaming: what is left of each restriction goes back to the driver."""
+        roots = list(delayed) + [root for cut in cuts for root in cut.residual_roots]
+        for root in roots:
+            input_id = BundleContextManager.input_for(
+                self._descriptor_view(), root.application.transform_id,
+                root.application.input_id)
+            watermarks = [w.seconds * 1_000_000 + w.nanos // 1000
+                          for w in root.application.output_watermarks.values()]
+            self.residuals.append(Residual(
+                input_id, root.application.element,
+                root.requested_time_delay.ToTimedelta().total_seconds()
+                if root.HasField('requested_time_delay') else 0.0,
+                min(watermarks) if watermarks else MIN_WATERMARK))
+        unread: dict[str, list[bytes]] = collections.defaultdict(list)
+        for cut in cuts:
+            self._collect_unprocessed(
+                beam_fn_api_pb2.ProcessBundleSplitResponse(channel_splits=cut.channel_splits),
+                self._last_data, unread)
+        for input_id, elements in unread.items():
+            self.residuals.extend(
+                Residual(input_id, element, 0.0, MIN_WATERMARK) for element in elements)
+
+    def residual_hold(self) -> int:
+        """The output watermark the residuals kept for later epochs allow."""
+        return min((r.watermark for r in self.residuals), default=MAX_WATERMARK)
 
     def _run_bundle(self, data, fired, outputs: list[Record]):
         runtime = self.runtime
@@ -222,12 +295,16 @@ class FusedStageOperator(Operator):
         """
         runtime = self.runtime
         limit = self._bundle_size
+        deadline = (time.monotonic() + self._bundle_time_ms / 1000.0
+                    if self._bundle_time_ms else None)
         written = 0
 
         def on_element() -> None:
             nonlocal written
             written += 1
-            if written < limit or any(cut.residual_roots for cut in cuts):
+            if written < limit and (deadline is None or time.monotonic() < deadline):
+                return
+            if any(cut.residual_roots for cut in cuts):
                 return
             processor = runtime.processors.lookup(instruction_id)
             if processor is None:

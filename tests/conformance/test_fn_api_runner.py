@@ -3,27 +3,21 @@
 Every inherited test runs on Spark (`--spark_master=local[2]`). Beam marks five
 of them `@unittest.skip` for its own runner; `BeamSkippedConformanceTest` runs
 those too, through their `__wrapped__` functions. A test this release cannot
-pass yet is listed, with its reason, in `SKIPPED` below and nowhere else; the
+pass yet is listed, with its reason, in `skips.SKIPPED` and nowhere else; the
 list only shrinks.
 """
 
 from __future__ import annotations
-
-import unittest
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner_test
 
 from beam_streams_runner import StreamsSparkRunner
+from tests.conformance.skips import skip_listed
 
 SPARK_ARGS = ['--spark_master=local[2]']
 
-# test name -> reason. The only place a conformance test is skipped.
-SKIPPED: dict[str, str] = {
-    'test_teststream_pardo_timers':
-        'streaming: next issue (TestStream needs the streaming driver)',
-}
 
 # Marked @unittest.skip in Beam's FnApiRunnerTest (flaky or slow on Beam's runner).
 BEAM_SKIPPED = (
@@ -52,7 +46,6 @@ for _name in dir(fn_runner_test.FnApiRunnerTest):
 for _name in BEAM_SKIPPED:
     setattr(BeamSkippedConformanceTest, _name,
             getattr(fn_runner_test.FnApiRunnerTest, _name).__wrapped__)
-for _name, _reason in SKIPPED.items():
-    for _cls in (StreamsSparkRunnerConformanceTest, BeamSkippedConformanceTest):
-        setattr(_cls, _name, unittest.skip(_reason)(getattr(_cls, _name)))
-del _cls, _name, _reason
+del _name
+skip_listed(StreamsSparkRunnerConformanceTest, 'FnApiRunnerTest')
+skip_listed(BeamSkippedConformanceTest, 'FnApiRunnerTest')

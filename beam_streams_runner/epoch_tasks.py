@@ -1,0 +1,199 @@
+"""What runs inside a Spark task of a streaming epoch (design sections 4, 5 and 8).
+
+An epoch is one Spark job over the whole stage DAG. Every task of a stage
+partition:
+
+1. takes the operators of its partition: stateless ones are built afresh;
+   stateful ones (GroupByKey buffers and triggers, stateful DoFns' keyed state
+   and timers) come from `PartitionOperatorCache` at version epoch-1;
+2. runs the epoch's bundles through them (SDF residuals the driver fed back
+   are bundles too);
+3. collects the `Punctuation`s of its input channels: every upstream partition
+   sends its watermark after the data it produced this epoch, so once the
+   input is consumed the input watermark is the minimum over all channels;
+4. advances the input watermark and the processing time, firing due timers
+   and windows;
+5. sends its output watermark, min(input watermark, holds of timers, trigger
+   state and SDF residuals), after its data to every output buffer, and reports
+   it with the residuals to the driver (`PartitionReport`);
+6. commits the new version of its stateful operators before it succeeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from pyspark import AccumulatorParam
+
+from beam_streams_runner.errors import StageExecutionError
+from beam_streams_runner.metrics import MetricTotals
+from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
+from beam_streams_runner.partition_cache import PartitionOperatorCache
+from beam_streams_runner.records import Punctuation, Record
+from beam_streams_runner.tasks import WorkerPlan
+from beam_streams_runner.translators.group_by_key import (
+    KeyPartitioner,
+    StreamingGroupByKeyOperator,
+)
+from beam_streams_runner.translators.par_do import FusedStageOperator, Residual
+from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
+from beam_streams_runner.warnings_relay import recorded_warnings
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochInfo:
+    """What the driver tells every task of one epoch."""
+
+    number: int
+    processing_time: int  # micros: the driver's clock for this epoch
+    holds: dict[str, int]  # stage -> watermark hold of residuals the driver kept back
+    state_dir: str
+    bundle_time_ms: int
+
+
+class PartitionReport(NamedTuple):
+    output_watermark: int
+    residuals: list[Residual]
+    next_processing_time: int | None
+
+
+class ReportsAccumulator(AccumulatorParam):
+    """Per-epoch reports keyed by (epoch, stage, partition): a re-run task replaces its own."""
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, value1: dict, value2: dict) -> dict:
+        value1.update(value2)
+        return value1
+
+
+def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_acc, reports_acc,
+                    grouping_input: str | None, index: int,
+                    records: Iterable[tuple[str, object]]) -> Iterator[Record]:
+    """Runs partition `index` of an SDK stage for one epoch."""
+    plan: WorkerPlan = plan_bc.value
+    epoch: EpochInfo = epoch_bc.value
+    runtime = plan.runtime()
+    stage = plan.stages[stage_name]
+
+    def new_stage_operator() -> FusedStageOperator:
+        return FusedStageOperator(runtime, stage, {}, plan.bundle_size, streaming=True,
+                                  bundle_time_ms=epoch.bundle_time_ms)
+
+    grouping = None
+    if grouping_input is not None:
+        spec = plan.groupings[stage.inputs[grouping_input]]
+        grouping = _load(
+            epoch, f'stage-{stage.index}/group-{index}', lambda: StreamingGroupByKeyOperator(
+                runtime.coder_impl(spec.input_coder_id), runtime.coder_impl(spec.output_coder_id),
+                runtime.coder_impl(spec.key_coder_id),
+                runtime.context.windowing_strategies.get_by_id(spec.windowing_strategy_id),
+                grouping_input, plan.bundle_size))
+    if stage.stateful:
+        operator = _load(epoch, f'stage-{stage.index}/partition-{index}', new_stage_operator)
+    else:
+        operator = new_stage_operator()
+    heard: dict[object, int] = {}
+    with recorded_warnings(warnings_acc):
+        try:
+            for input_id, payload in records:
+                if isinstance(payload, Punctuation):
+                    heard[payload.channel] = max(
+                        payload.watermark, heard.get(payload.channel, MIN_WATERMARK))
+                elif grouping is not None:
+                    grouped = _grouping_step(
+                        spec.step_name, grouping.process_bundle, [(input_id, payload)])
+                    yield from _each(operator.process_bundle, grouped)
+                else:
+                    yield from operator.process_bundle([(input_id, payload)])
+            # Every upstream partition sent its watermark after its data. A partition
+            # that heard no channel reads only residuals the driver fed back; their
+            # own watermarks hold its output (below).
+            input_watermark = min(heard.values()) if heard else MAX_WATERMARK
+            if grouping is not None:
+                grouping.clock.micros = max(grouping.clock.micros, epoch.processing_time)
+                grouped = _grouping_step(
+                    spec.step_name, grouping.on_watermark, 'input', input_watermark)
+                grouped += _grouping_step(
+                    spec.step_name, grouping.on_processing_time, epoch.processing_time)
+                yield from _each(operator.process_bundle, grouped)
+                input_watermark = grouping.output_watermark()
+            yield from operator.on_watermark('input', input_watermark)
+            yield from operator.on_processing_time(epoch.processing_time)
+        finally:
+            if operator.metrics:
+                metrics_acc.add(operator.metrics)
+                operator.metrics = MetricTotals()
+    output_watermark = min(operator.output_watermark(), operator.residual_hold(),
+                           epoch.holds.get(stage_name, MAX_WATERMARK))
+    for buffer_id in stage.outputs.values():
+        yield buffer_id, Punctuation((stage_name, index), output_watermark)
+    timers = [t for t in (operator.next_processing_time(),
+                          grouping.next_processing_time() if grouping is not None else None)
+              if t is not None]
+    reports_acc.add({(epoch.number, stage_name, index): PartitionReport(
+        output_watermark, operator.residuals, min(timers) if timers else None)})
+    if grouping is not None:
+        PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/group-{index}', epoch.number, grouping)
+    if stage.stateful:
+        PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/partition-{index}', epoch.number, operator)
+
+
+def _load(epoch: EpochInfo, name: str, create: Callable):
+    return PartitionOperatorCache.load(epoch.state_dir, name, epoch.number - 1, create)
+
+
+def _grouping_step(step_name: str, method: Callable, *args) -> list[Record]:
+    try:
+        return method(*args)
+    except Exception as exc:  # noqa: BLE001 - rewrapped with the GroupByKey's step name
+        raise StageExecutionError.from_exception(exc, f"Beam step '{step_name}'") from None
+
+
+def _each(process_bundle: Callable, records: list[Record]) -> Iterator[Record]:
+    for record in records:
+        yield from process_bundle([record])
+
+
+# Map sides of the shuffles: data routed, punctuations sent to every target. -------
+def keyed_shuffle(plan_bc, coder_id: str, key_coder_id: str, tag: str,
+                  records: Iterable[tuple[str, object]]) -> Iterator[tuple[int, tuple]]:
+    plan: WorkerPlan = plan_bc.value
+    runtime = plan.runtime()
+    partitioner = KeyPartitioner(runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
+                                 plan.num_partitions, plan.bundle_size)
+    return _routed(records, plan.num_partitions, tag, partitioner.partition)
+
+
+def round_robin_shuffle(plan_bc, input_coder_id: str, output_coder_id: str, tag: str,
+                        index: int, records: Iterable[tuple[str, object]]
+                        ) -> Iterator[tuple[int, tuple]]:
+    plan: WorkerPlan = plan_bc.value
+    runtime = plan.runtime()
+    partitioner = RoundRobinPartitioner(
+        runtime.coder_impl(input_coder_id), runtime.coder_impl(output_coder_id),
+        plan.num_partitions, plan.bundle_size, start=index)
+    return _routed(records, plan.num_partitions, tag, partitioner.partition)
+
+
+def _routed(records: Iterable[tuple[str, object]], num_partitions: int, tag: str,
+            partition: Callable) -> Iterator[tuple[int, tuple]]:
+    punctuations: list[Punctuation] = []
+
+    def chunks() -> Iterator[bytes]:
+        for _, payload in records:
+            if isinstance(payload, Punctuation):
+                punctuations.append(payload)
+            else:
+                yield payload
+
+    yield from partition(tag, chunks())
+    # A producer sends its punctuation after its data: forward it after the data too.
+    for punctuation in punctuations:
+        for target in range(num_partitions):
+            yield target, (tag, punctuation)

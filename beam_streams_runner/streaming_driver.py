@@ -1,0 +1,281 @@
+"""The streaming driver: epochs of Spark jobs over one stage DAG (design section 5).
+
+Each epoch is one Spark job running every stage of the pipeline once, with
+watermarks in band (`records.Punctuation`, see `epoch_tasks`). Between epochs
+the driver keeps what belongs to the sources: the residual restrictions of
+every splittable DoFn (with their resume times and watermark holds), the events
+of a TestStream still to play, and the processing-time clock. In an epoch every
+restriction that is due is read for one source bundle (at most `bundle_size`
+elements or `bundle_time_ms`); what is left comes back as a residual. Stateful
+operators live in their partitions across epochs (`partition_cache`).
+
+The pipeline ends when every stage partition reports the output watermark +inf
+and no residual or TestStream event is left; a TestStream plays one event per
+epoch, with processing time starting at 0 and moved only by its events, so a
+test sees exactly the interleaving it wrote.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+
+from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
+from apache_beam.utils.timestamp import Timestamp
+from pyspark import SparkContext, StorageLevel
+from pyspark.rdd import RDD
+
+from beam_streams_runner import epoch_tasks
+from beam_streams_runner.batch_driver import count_uses, discard, identity, retag, worker_plan
+from beam_streams_runner.epoch_tasks import EpochInfo, PartitionReport, ReportsAccumulator
+from beam_streams_runner.errors import UnsupportedFeatureError, pipeline_error_from_spark
+from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.operators import MAX_WATERMARK
+from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
+from beam_streams_runner.records import Punctuation
+from beam_streams_runner.translators.flatten import flattened
+from beam_streams_runner.translators.par_do import Residual
+from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
+from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
+
+_LOGGER = logging.getLogger(__name__)
+_IDLE_WAIT_S = 1.0  # longest sleep when nothing is due, so cancel() stays prompt
+
+
+class StreamingDriver:
+    def __init__(self, sc: SparkContext, plan: PipelinePlan, bundle_size: int,
+                 bundle_time_ms: int, num_partitions: int | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        for stage in plan.stages:
+            if stage.side_inputs:
+                step = stage.step_names[0] if stage.step_names else stage.name
+                raise UnsupportedFeatureError(
+                    f"Step '{step}' reads a side input, which the streaming driver does not "
+                    'support yet (it comes with the Pending States Graph). Run the pipeline '
+                    'without --streaming if its sources are bounded.')
+        self.sc = sc
+        self.plan = plan
+        self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
+        self.num_partitions = num_partitions or sc.defaultParallelism
+        self.bundle_time_ms = bundle_time_ms
+        self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
+        self.warnings = sc.accumulator([], WarningsAccumulator())
+        self.reports = sc.accumulator({}, ReportsAccumulator())
+        self._on_progress = on_progress or (lambda message: None)
+        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
+        self._uses = count_uses(plan)
+        # stage -> [(residual, resume at (micros of the driver's clock))]
+        self._residuals: dict[str, list[tuple[Residual, int]]] = {}
+        self._test_streams = self._test_stream_events()
+        self._cancelled = threading.Event()
+        self.epochs = 0
+
+    @property
+    def job_group(self) -> str:
+        return self.run_id
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self.sc.cancelJobGroup(self.run_id)
+
+    def run(self) -> None:
+        sc = self.sc
+        sc.setJobGroup(self.run_id, 'Beam streaming pipeline (StreamsSparkRunner)',
+                       interruptOnCancel=True)
+        self._plan_bc = sc.broadcast(self._worker_plan)
+        state_dir = tempfile.mkdtemp(prefix=f'{self.run_id}-state-')
+        test_streaming = bool(self._test_streams)
+        clock = 0 if test_streaming else Timestamp.now().micros
+        next_wakeup: int | None = None
+        try:
+            for epoch in itertools.count():
+                if self._cancelled.is_set():
+                    return
+                steps = {name: next(events, None) for name, events in self._test_streams.items()}
+                if test_streaming:
+                    clock += max((s.advance_processing_time_by for s in steps.values() if s),
+                                 default=0)
+                else:
+                    if next_wakeup is not None and not self._due(clock):
+                        self._cancelled.wait(min(
+                            _IDLE_WAIT_S, max(0.0, (next_wakeup - clock) / 1e6)))
+                    clock = max(clock, Timestamp.now().micros)
+                reports = self._run_epoch(epoch, clock, steps, state_dir)
+                self.epochs = epoch + 1
+                if self._finished(reports, steps):
+                    return
+                timers = [r.next_processing_time for r in reports.values()
+                          if r.next_processing_time is not None]
+                resumes = [at for pending in self._residuals.values() for _, at in pending]
+                next_wakeup = min(timers + resumes, default=None)
+                if next_wakeup is None and not any(steps.values()):
+                    stuck = sorted({stage for (stage, _), report in reports.items()
+                                    if report.output_watermark < MAX_WATERMARK})
+                    raise RuntimeError(
+                        'StreamsSparkRunner streaming driver: nothing can make progress '
+                        '(no source residuals, timers or TestStream events left) but the '
+                        f'watermarks of {stuck} are not at +inf.')
+        except Exception as exc:
+            error = pipeline_error_from_spark(exc)
+            if error is exc:
+                raise
+            raise error from None
+        finally:
+            reissue(self.warnings.value)
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    # One epoch -------------------------------------------------------------------
+    def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None],
+                   state_dir: str) -> dict[tuple[str, int], PartitionReport]:
+        sc = self.sc
+        due: dict[str, list[Residual]] = {}
+        holds: dict[str, int] = {}
+        for stage_name, pending in self._residuals.items():
+            due[stage_name] = [r for r, at in pending if at <= clock]
+            kept = [(r, at) for r, at in pending if at > clock]
+            self._residuals[stage_name] = kept
+            if kept:
+                holds[stage_name] = min(r.watermark for r, _ in kept)
+        epoch_bc = sc.broadcast(EpochInfo(
+            number=epoch, processing_time=clock, holds=holds, state_dir=state_dir,
+            bundle_time_ms=self.bundle_time_ms))
+        stage_rdds: dict[str, RDD | None] = {}
+        try:
+            for stage in self.plan.stages:
+                sc.setLocalProperty('callSite.short', stage.display_name[:200])
+                if stage.kind == 'test_stream':
+                    rdd = self._test_stream_rdd(stage, steps.get(stage.name))
+                elif stage.kind == 'reshuffle':
+                    rdd = self._reshuffled(stage, stage_rdds)
+                else:
+                    rdd = self._sdk_stage(stage, stage_rdds, epoch_bc, epoch,
+                                          due.get(stage.name, []))
+                # No RDD names per epoch: each costs a JVM round trip; the call
+                # site and the job description name the stages and the epoch.
+                if rdd is not None and self._uses[stage.name] > 1:
+                    rdd.persist(StorageLevel.MEMORY_AND_DISK)
+                stage_rdds[stage.name] = rdd
+            leaves = [stage_rdds[s.name] for s in self.plan.stages
+                      if self._uses[s.name] == 0 and stage_rdds[s.name] is not None]
+            sc.setJobDescription(f'Beam streaming epoch {epoch}')
+            if leaves:
+                (leaves[0] if len(leaves) == 1 else sc.union(leaves)).foreach(discard)
+        finally:
+            for rdd in stage_rdds.values():
+                if rdd is not None and rdd.is_cached:
+                    rdd.unpersist()
+            epoch_bc.destroy()
+        reports = {(stage, index): report
+                   for (number, stage, index), report in self.reports.value.items()
+                   if number == epoch}
+        self.reports.value = {}
+        for (stage_name, _), report in reports.items():
+            for residual in report.residuals:
+                resume_at = clock + int(residual.resume_delay_s * 1e6)
+                self._residuals.setdefault(stage_name, []).append((residual, resume_at))
+        if epoch % 50 == 0 or not reports:
+            self._on_progress(f'epoch {epoch}: output watermark '
+                              f'{min((r.output_watermark for r in reports.values()), default=0)}')
+        return reports
+
+    def _due(self, clock: int) -> bool:
+        return any(at <= clock for pending in self._residuals.values() for _, at in pending)
+
+    def _finished(self, reports: dict[tuple[str, int], PartitionReport],
+                  steps: dict[str, TestStreamStep | None]) -> bool:
+        return (all(r.output_watermark >= MAX_WATERMARK for r in reports.values())
+                and not any(self._residuals.values())
+                and not any(steps.values()))
+
+    # Stage RDDs of one epoch -----------------------------------------------------
+    def _sdk_stage(self, stage: StagePlan, stage_rdds: dict[str, RDD | None], epoch_bc,
+                   epoch: int, residuals: list[Residual]) -> RDD:
+        sc = self.sc
+        plan_bc = self._plan_bc
+        grouping_input = None
+        inputs = []
+        for input_id, buffer_id in stage.inputs.items():
+            if buffer_id == IMPULSE_BUFFER:
+                records = [(input_id, ENCODED_IMPULSE_VALUE)] if epoch == 0 else []
+                records.append((input_id, Punctuation(('impulse', 0), MAX_WATERMARK)))
+                inputs.append(sc.parallelize(records, 1))
+                continue
+            if buffer_id.startswith(b'group:'):
+                grouping_input = input_id
+                spec = self._worker_plan.groupings[buffer_id]
+                coder_id, key_coder_id = spec.input_coder_id, spec.key_coder_id
+            elif stage.stateful:
+                coder_id, key_coder_id = stage.input_coders[input_id], stage.key_coders[input_id]
+            else:
+                inputs.append(self._buffer(buffer_id, stage_rdds).map(retag(input_id)))
+                continue
+            inputs.append(self._buffer(buffer_id, stage_rdds).mapPartitions(
+                _keyed_shuffle_fn(plan_bc, coder_id, key_coder_id, input_id)
+            ).partitionBy(self.num_partitions, identity).values())
+        if residuals:
+            inputs.append(sc.parallelize(
+                [(r.input_id, r.element) for r in residuals],
+                min(len(residuals), self.num_partitions)))
+        source = inputs[0] if len(inputs) == 1 else sc.union(inputs)
+        metrics, warnings, reports, name = self.metrics, self.warnings, self.reports, stage.name
+
+        def run_partition(index, records):
+            return epoch_tasks.run_stage_epoch(
+                plan_bc, epoch_bc, name, metrics, warnings, reports, grouping_input, index,
+                records)
+
+        return source.mapPartitionsWithIndex(run_partition)
+
+    def _reshuffled(self, stage: StagePlan, stage_rdds: dict[str, RDD | None]) -> RDD | None:
+        if not stage.outputs:
+            return None
+        (input_id, buffer_id), = stage.inputs.items()
+        (output_id, output_buffer), = stage.outputs.items()
+        plan_bc = self._plan_bc
+        input_coder = stage.input_coders[input_id]
+        output_coder = stage.output_coders[output_id]
+
+        def deal(index, records):
+            return epoch_tasks.round_robin_shuffle(
+                plan_bc, input_coder, output_coder, output_buffer, index, records)
+
+        return (self._buffer(buffer_id, stage_rdds)
+                .mapPartitionsWithIndex(deal)
+                .partitionBy(self.num_partitions, identity)
+                .values())
+
+    def _test_stream_rdd(self, stage: StagePlan, step: TestStreamStep | None) -> RDD:
+        records: list = list(step.records) if step is not None else []
+        watermarks = step.watermarks if step is not None else {
+            buffer: MAX_WATERMARK for buffer in stage.outputs.values()}
+        records.extend((buffer, Punctuation((stage.name, 0), watermark))
+                       for buffer, watermark in watermarks.items())
+        return self.sc.parallelize(records, 1)
+
+    def _buffer(self, buffer_id: bytes, stage_rdds: dict[str, RDD | None]) -> RDD:
+        producers = [stage_rdds[s.name] for s in self.plan.producers(buffer_id)]
+        return flattened(self.sc, [rdd for rdd in producers if rdd is not None], buffer_id)
+
+    def _test_stream_events(self) -> dict[str, object]:
+        context = self.plan.execution_context.pipeline_context
+        streams = {}
+        for stage in self.plan.stages:
+            if stage.kind != 'test_stream':
+                continue
+            outputs = {
+                tag: (stage.outputs[output_id],
+                      context.coders[stage.output_coders[output_id]].get_impl())
+                for tag, output_id in stage.test_stream_outputs.items()}
+            streams[stage.name] = TestStreamEvents(stage.test_stream, context, outputs).steps()
+        return streams
+
+
+def _keyed_shuffle_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
+    def shuffle(records):
+        return epoch_tasks.keyed_shuffle(plan_bc, coder_id, key_coder_id, tag, records)
+    return shuffle

@@ -1,0 +1,43 @@
+"""Beam's TestStream trigger transcripts on StreamsSparkRunner's streaming driver.
+
+`TestStreamTranscriptTest` and `WeakTestStreamTranscriptTest`
+(`apache_beam.transforms.trigger_test`, 36 tests) feed a TestStream through a
+GroupByKey and a CombinePerKey under every windowing/trigger/accumulation
+combination of Beam's transcripts, and check each pane (value, window,
+timestamp, pane info) against the transcript at the point where it must have
+fired, with a stateful DoFn. They build their pipelines with `TestPipeline()`,
+so the runner comes from `--test-pipeline-options`, set here as a user would
+pass it: `--runner=StreamsSparkRunner --streaming`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.transforms import trigger_test
+
+import beam_streams_runner  # noqa: F401 - registers the short runner name
+from tests.conformance.skips import skip_listed
+
+TEST_PIPELINE_OPTIONS = '--runner=StreamsSparkRunner --streaming --spark_master=local[2]'
+
+
+@pytest.fixture(autouse=True)
+def _streams_spark_test_pipeline(spark_session):
+    pipeline_class = test_pipeline.TestPipeline
+    saved = pipeline_class.pytest_test_pipeline_options
+    pipeline_class.pytest_test_pipeline_options = TEST_PIPELINE_OPTIONS
+    yield
+    pipeline_class.pytest_test_pipeline_options = saved
+
+
+class TestStreamTranscriptTest(trigger_test.TestStreamTranscriptTest):
+    pass
+
+
+class WeakTestStreamTranscriptTest(trigger_test.WeakTestStreamTranscriptTest):
+    pass
+
+
+skip_listed(TestStreamTranscriptTest, 'TestStreamTranscriptTest')
+skip_listed(WeakTestStreamTranscriptTest, 'WeakTestStreamTranscriptTest')
