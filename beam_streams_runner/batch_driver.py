@@ -134,21 +134,15 @@ class BatchDriver:
     def _reshuffled(self, stage: StagePlan) -> RDD | None:
         if not stage.outputs:
             return None  # Nothing reads this reshuffle's output.
-        (input_id, buffer_id), = stage.inputs.items()
-        (output_id, output_buffer), = stage.outputs.items()
+        (_, buffer_id), = stage.inputs.items()
         plan_bc = self._plan_bc
-        input_coder = stage.input_coders[input_id]
-        output_coder = stage.output_coders[output_id]
 
-        def deal(index, records):
+        def deal(input_coder, output_coder, output_buffer, index, records):
             return tasks.round_robin_partition(
                 plan_bc, input_coder, output_coder, output_buffer, index,
                 (chunk for _, chunk in records))
 
-        return (self._buffer(buffer_id)
-                .mapPartitionsWithIndex(deal)
-                .partitionBy(self.num_partitions, identity)
-                .values())
+        return reshuffled(self._buffer(buffer_id), stage, self.num_partitions, deal)
 
     def _shuffled(self, buffer_rdd: RDD, input_id: str, partition_fn) -> RDD:
         return buffer_rdd.mapPartitions(partition_fn).partitionBy(
@@ -167,6 +161,23 @@ class BatchDriver:
             self._side_chunks[buffer_id] = self._buffer(buffer_id).values().collect()
         return self._side_chunks[buffer_id]
 
+
+
+def reshuffled(buffer_rdd: RDD, stage: StagePlan, num_partitions: int,
+               deal: Callable) -> RDD:
+    """A Reshuffle stage: `deal(input coder, output coder, output buffer, index,
+    records)` routes each map partition's records round-robin (batch and streaming)."""
+    (input_id, _), = stage.inputs.items()
+    (output_id, output_buffer), = stage.outputs.items()
+    input_coder = stage.input_coders[input_id]
+    output_coder = stage.output_coders[output_id]
+
+    def deal_partition(index, records):
+        return deal(input_coder, output_coder, output_buffer, index, records)
+
+    return (buffer_rdd.mapPartitionsWithIndex(deal_partition)
+            .partitionBy(num_partitions, identity)
+            .values())
 
 
 def worker_plan(plan: PipelinePlan, run_id: str, bundle_size: int,

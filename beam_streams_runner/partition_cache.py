@@ -30,8 +30,6 @@ class PartitionOperatorCache:
 
     _lock = threading.Lock()
     _live: ClassVar[dict[tuple[str, str], tuple[int, Any]]] = {}
-    hits = 0
-    misses = 0
 
     @classmethod
     def load(cls, state_dir: str, name: str, version: int,
@@ -40,9 +38,7 @@ class PartitionOperatorCache:
         with cls._lock:
             cached = cls._live.pop((state_dir, name), None)
         if cached is not None and cached[0] == version:
-            cls.hits += 1
             return cached[1]
-        cls.misses += 1
         operator = create()
         if version >= 0:
             path = _path(state_dir, name, version)

@@ -31,7 +31,14 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.rdd import RDD
 
 from beam_streams_runner import epoch_tasks
-from beam_streams_runner.batch_driver import count_uses, discard, identity, retag, worker_plan
+from beam_streams_runner.batch_driver import (
+    count_uses,
+    discard,
+    identity,
+    reshuffled,
+    retag,
+    worker_plan,
+)
 from beam_streams_runner.epoch_tasks import EpochInfo, PartitionReport, ReportsAccumulator
 from beam_streams_runner.errors import UnsupportedFeatureError, pipeline_error_from_spark
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
@@ -234,20 +241,14 @@ class StreamingDriver:
     def _reshuffled(self, stage: StagePlan, stage_rdds: dict[str, RDD | None]) -> RDD | None:
         if not stage.outputs:
             return None
-        (input_id, buffer_id), = stage.inputs.items()
-        (output_id, output_buffer), = stage.outputs.items()
+        (_, buffer_id), = stage.inputs.items()
         plan_bc = self._plan_bc
-        input_coder = stage.input_coders[input_id]
-        output_coder = stage.output_coders[output_id]
 
-        def deal(index, records):
+        def deal(input_coder, output_coder, output_buffer, index, records):
             return epoch_tasks.round_robin_shuffle(
                 plan_bc, input_coder, output_coder, output_buffer, index, records)
 
-        return (self._buffer(buffer_id, stage_rdds)
-                .mapPartitionsWithIndex(deal)
-                .partitionBy(self.num_partitions, identity)
-                .values())
+        return reshuffled(self._buffer(buffer_id, stage_rdds), stage, self.num_partitions, deal)
 
     def _test_stream_rdd(self, stage: StagePlan, step: TestStreamStep | None) -> RDD:
         records: list = list(step.records) if step is not None else []

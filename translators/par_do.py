@@ -204,8 +204,7 @@ class FusedStageOperator(Operator):
                           for w in root.application.output_watermarks.values()]
             self.residuals.append(Residual(
                 input_id, root.application.element,
-                root.requested_time_delay.ToTimedelta().total_seconds()
-                if root.HasField('requested_time_delay') else 0.0,
+                root.requested_time_delay.ToTimedelta().total_seconds(),
                 min(watermarks) if watermarks else MIN_WATERMARK))
         unread: dict[str, list[bytes]] = collections.defaultdict(list)
         for cut in cuts:
