@@ -39,6 +39,7 @@ from beam_streams_runner.translators.group_by_key import (
 )
 from beam_streams_runner.translators.par_do import FusedStageOperator, Residual
 from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
+from beam_streams_runner.translators.side_input_gate import SideInputGate
 from beam_streams_runner.warnings_relay import recorded_warnings
 
 
@@ -57,6 +58,7 @@ class PartitionReport(NamedTuple):
     output_watermark: int
     residuals: list[Residual]
     next_processing_time: int | None
+    sizes: dict[tuple[str, str], int]  # (Beam step, gauge name) -> live count here
 
 
 class ReportsAccumulator(AccumulatorParam):
@@ -70,9 +72,17 @@ class ReportsAccumulator(AccumulatorParam):
         return value1
 
 
+class SideInputsView(NamedTuple):
+    """What a stage reading side inputs gets in one epoch (see `side_input_gate`)."""
+
+    state_bc: object  # broadcast of the state-API layout of everything seen so far
+    watermarks: dict  # (ParDo, tag) -> the side input's watermark this epoch (micros)
+
+
 def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_acc, reports_acc,
                     grouping_input: str | None, index: int,
-                    records: Iterable[tuple[str, object]]) -> Iterator[Record]:
+                    records: Iterable[tuple[str, object]],
+                    side_view: SideInputsView | None = None) -> Iterator[Record]:
     """Runs partition `index` of an SDK stage for one epoch."""
     plan: WorkerPlan = plan_bc.value
     epoch: EpochInfo = epoch_bc.value
@@ -94,11 +104,21 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 grouping_input, plan.bundle_size))
     if stage.stateful:
         operator = _load(epoch, f'stage-{stage.index}/partition-{index}', new_stage_operator)
+        operator.residuals = []  # the driver took the last epoch's residuals already
     else:
         operator = new_stage_operator()
+    gate = None
+    if side_view is not None:
+        gate = _load(epoch, f'stage-{stage.index}/gate-{index}',
+                     lambda: SideInputGate(runtime, stage))
+        operator.state.side_inputs = side_view.state_bc.value
+        operator.has_pushed_back = gate.graph.has_pending
     heard: dict[object, int] = {}
     with recorded_warnings(warnings_acc):
         try:
+            if gate is not None:
+                yield from _each(operator.process_bundle,
+                                 gate.on_side_watermarks(side_view.watermarks))
             for input_id, payload in records:
                 if isinstance(payload, Punctuation):
                     heard[payload.channel] = max(
@@ -106,9 +126,10 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 elif grouping is not None:
                     grouped = _grouping_step(
                         spec.step_name, grouping.process_bundle, [(input_id, payload)])
-                    yield from _each(operator.process_bundle, grouped)
+                    yield from _each(operator.process_bundle, _admitted(gate, grouped))
                 else:
-                    yield from operator.process_bundle([(input_id, payload)])
+                    for admitted in _admitted(gate, [(input_id, payload)]):
+                        yield from operator.process_bundle([admitted])
             # Every upstream partition sent its watermark after its data. A partition
             # that heard no channel reads only residuals the driver fed back; their
             # own watermarks hold its output (below).
@@ -119,7 +140,7 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                     spec.step_name, grouping.on_watermark, 'input', input_watermark)
                 grouped += _grouping_step(
                     spec.step_name, grouping.on_processing_time, epoch.processing_time)
-                yield from _each(operator.process_bundle, grouped)
+                yield from _each(operator.process_bundle, _admitted(gate, grouped))
                 input_watermark = grouping.output_watermark()
             yield from operator.on_watermark('input', input_watermark)
             yield from operator.on_processing_time(epoch.processing_time)
@@ -128,20 +149,44 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 metrics_acc.add(operator.metrics)
                 operator.metrics = MetricTotals()
     output_watermark = min(operator.output_watermark(), operator.residual_hold(),
-                           epoch.holds.get(stage_name, MAX_WATERMARK))
+                           epoch.holds.get(stage_name, MAX_WATERMARK),
+                           gate.hold() if gate is not None else MAX_WATERMARK)
     for buffer_id in stage.outputs.values():
         yield buffer_id, Punctuation((stage_name, index), output_watermark)
     timers = [t for t in (operator.next_processing_time(),
                           grouping.next_processing_time() if grouping is not None else None)
               if t is not None]
     reports_acc.add({(epoch.number, stage_name, index): PartitionReport(
-        output_watermark, operator.residuals, min(timers) if timers else None)})
+        output_watermark, operator.residuals, min(timers) if timers else None,
+        _sizes(stage, operator, grouping, spec.step_name if grouping else None, gate))})
     if grouping is not None:
         PartitionOperatorCache.commit(
             epoch.state_dir, f'stage-{stage.index}/group-{index}', epoch.number, grouping)
     if stage.stateful:
         PartitionOperatorCache.commit(
             epoch.state_dir, f'stage-{stage.index}/partition-{index}', epoch.number, operator)
+    if gate is not None:
+        PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/gate-{index}', epoch.number, gate)
+
+
+def _sizes(stage, operator: FusedStageOperator, grouping, grouping_step: str | None,
+           gate: SideInputGate | None) -> dict[tuple[str, str], int]:
+    """What the partition holds: the runner's gauges (see `metrics.RUNNER_NAMESPACE`)."""
+    sizes = {}
+    if grouping is not None:
+        held = grouping.sizes()
+        sizes[(grouping_step, 'keyed_states')] = held['keys']
+        sizes[(grouping_step, 'timers')] = held['timers']
+    step = stage.step_names[0] if stage.step_names else stage.name
+    if stage.stateful:
+        sizes[(step, 'keyed_states')] = len(operator.keyed_state)
+        sizes[(step, 'timers')] = len(operator.event_timers) + len(operator.processing_timers)
+    if gate is not None:
+        held = gate.graph.sizes()
+        sizes[(step, 'pushed_back_elements')] = held['elements']
+        sizes[(step, 'pending_side_windows')] = held['side_windows']
+    return sizes
 
 
 def _load(epoch: EpochInfo, name: str, create: Callable):
@@ -153,6 +198,14 @@ def _grouping_step(step_name: str, method: Callable, *args) -> list[Record]:
         return method(*args)
     except Exception as exc:  # noqa: BLE001 - rewrapped with the GroupByKey's step name
         raise StageExecutionError.from_exception(exc, f"Beam step '{step_name}'") from None
+
+
+def _admitted(gate: SideInputGate | None, records: list[Record]) -> list[Record]:
+    """The records whose elements may run now (all of them when no side input is read)."""
+    if gate is None:
+        return records
+    admitted = [(input_id, gate.admit(input_id, chunk)) for input_id, chunk in records]
+    return [(input_id, chunk) for input_id, chunk in admitted if chunk]
 
 
 def _each(process_bundle: Callable, records: list[Record]) -> Iterator[Record]:
@@ -197,3 +250,13 @@ def _routed(records: Iterable[tuple[str, object]], num_partitions: int, tag: str
     for punctuation in punctuations:
         for target in range(num_partitions):
             yield target, (tag, punctuation)
+
+
+def dealt_chunks(num_partitions: int, tag: str, index: int,
+                 records: Iterable[tuple[str, object]]) -> Iterator[tuple[int, tuple]]:
+    """Deals whole chunks round-robin: the fixed partitions of a stage whose
+    partition state (pushed-back elements) must be found again next epoch."""
+    def partition(tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, tuple]]:
+        for offset, chunk in enumerate(chunks):
+            yield (index + offset) % num_partitions, (tag, chunk)
+    return _routed(records, num_partitions, tag, partition)

@@ -5,17 +5,26 @@ merges them (`MetricTotals`) and sends the totals to the driver through a Spark
 accumulator, where the totals of all tasks are merged again. Merging follows
 each metric kind's own rule (counters add up, distributions and gauges and
 string sets and bounded tries `combine`), so a string set seen in two tasks is
-the union, not the last one. `StreamsSparkMetrics` answers Beam's
+the union, not the last one. The streaming driver adds gauges of its own
+(`RUNNER_NAMESPACE`): per stateful step, the live keyed states, timers and
+pushed-back side-input elements summed over its partitions after each epoch.
+`StreamsSparkMetrics` answers Beam's
 `MetricResults.query` over the merged totals (Beam's `FnApiMetrics` query).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
+from apache_beam.metrics.cells import GaugeData, GaugeResult
+from apache_beam.metrics.execution import MetricKey
+from apache_beam.metrics.metricbase import MetricName
 from apache_beam.runners.portability import portable_metrics
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiMetrics
 from pyspark import AccumulatorParam
+
+RUNNER_NAMESPACE = 'StreamsSparkRunner'
 
 
 def _combine(a, b):
@@ -37,6 +46,11 @@ class MetricTotals:
 
     def add_monitoring_infos(self, infos: Iterable) -> None:
         self._merge(portable_metrics.from_monitoring_infos(infos, user_metrics_only=True))
+
+    def set_gauge(self, step: str, namespace: str, name: str, value: int) -> None:
+        """Sets a gauge measured by the runner itself (e.g. live keyed states)."""
+        key = MetricKey(step, MetricName(namespace, name))
+        self._merge(({}, {}, {key: GaugeResult(GaugeData(value, time.time()))}, {}, {}))
 
     def merge(self, other: MetricTotals) -> MetricTotals:
         self._merge(other.parts)

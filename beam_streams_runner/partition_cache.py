@@ -1,75 +1,97 @@
-"""Operators of stateful partitions kept alive across streaming epochs.
+"""Stateful operators of streaming partitions, versioned as deltas in a checkpoint store.
 
 Design section 8 (versioned partition state). PySpark gives no task-to-process
 affinity, so partition p of a stateful stage may run in another Python worker
-each epoch. Each worker process keeps the live operator of every partition it
-ran, tagged with the version (the last epoch it applied); a task of epoch e
-reuses it when its version is e-1. Otherwise (another worker ran epoch e-1, or
-this worker is new) the task restores the operator from the snapshot the last
-task of that partition wrote to the run's state directory before reporting
-success. Snapshots are written per version and the one before is kept, so a
-retried task of epoch e still finds version e-1.
+each epoch. The state of each (operator, partition) is a mapping of byte keys
+to byte values that the operator defines (`VersionedOperator`: per user key,
+plus a few small keys such as its watermark), kept by one
+`state.versioned_state.VersionedStateCache` per process and state directory
+over the `LocalDirectoryStore` rooted at the run's state directory; the
+partition's name (e.g. 'stage-3/partition-1') is its store entry as it is (the
+store escapes '/' in the entry's directory name).
+
+A task of epoch e calls `load(..., e-1, create)`:
+
+* hit: this process committed e-1 of the partition and still holds the live
+  operator attached to its cache entry: the task takes it (detached while the
+  task runs, so a failed task never leaves a half-changed operator behind);
+* otherwise: a fresh operator `restore_state`s the full state at e-1 that the
+  cache holds or rebuilds (catching up on the deltas it missed, or the last
+  snapshot plus the deltas after it); at e-1 = -1 the state is empty.
+
+Before it succeeds the task `commit`s e: the operator's `state_delta` (the
+keys it changed and deleted since it was loaded) goes to the store as the delta
+of version e, and the live operator is attached at e. An epoch touching 10 of a
+million keys writes about 10 values. The cache writes a full snapshot every
+`SNAPSHOT_EVERY` versions and keeps what a retried task of epoch e needs to load
+e-1 exactly.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping
+from typing import ClassVar, Protocol, TypeVar
+
+from beam_streams_runner.state.versioned_state import VersionedStateCache
+from beam_streams_runner.stores.local_directory import LocalDirectoryStore
+
+SNAPSHOT_EVERY = 20
 
 
-class SnapshotOperator(Protocol):
-    def snapshot(self) -> bytes: ...
+class VersionedOperator(Protocol):
+    def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
+        """What changed since the last call (dirty key -> encoded value, deleted keys);
+        resets the tracking."""
 
-    def restore(self, data: bytes) -> None: ...
+    def restore_state(self, state: Mapping[bytes, bytes]) -> None:
+        """Rebuilds the operator from its full state as of a version (called on a fresh
+        operator, with {} for the initial state); changes are tracked from then on."""
+
+
+Op = TypeVar('Op', bound=VersionedOperator)
 
 
 class PartitionOperatorCache:
-    """Process-local live operators, versioned, backed by a state directory."""
+    """Live operators over versioned partition state, one cache per state directory."""
 
     _lock = threading.Lock()
-    _live: ClassVar[dict[tuple[str, str], tuple[int, Any]]] = {}
+    _caches: ClassVar[dict[str, VersionedStateCache]] = {}
 
     @classmethod
-    def load(cls, state_dir: str, name: str, version: int,
-             create: Callable[[], SnapshotOperator]) -> SnapshotOperator:
-        """The operator `name` as of `version` (-1: a fresh one)."""
+    def cache(cls, state_dir: str) -> VersionedStateCache:
+        """This process's cache over the store rooted at `state_dir` (its `stats`
+        count hits, catch-ups and snapshot loads)."""
         with cls._lock:
-            cached = cls._live.pop((state_dir, name), None)
-        if cached is not None and cached[0] == version:
-            return cached[1]
+            cache = cls._caches.get(state_dir)
+            if cache is None:
+                # A finished run removed its state directory: forget its partitions.
+                for stale in [d for d in cls._caches if not os.path.isdir(d)]:
+                    del cls._caches[stale]
+                cache = cls._caches[state_dir] = VersionedStateCache(
+                    LocalDirectoryStore(state_dir), snapshot_every=SNAPSHOT_EVERY)
+            return cache
+
+    @classmethod
+    def load(cls, state_dir: str, name: str, version: int, create: Callable[[], Op]) -> Op:
+        """The operator `name` as of `version` (-1: a fresh one)."""
+        cache = cls.cache(state_dir)
+        state, kind = cache.load(name, version)
+        if kind == 'hit':
+            live = cache.attached(name, version)
+            if live is not None:
+                cache.attach(name, version, None)  # the task changes it from here on
+                return live
         operator = create()
-        if version >= 0:
-            path = _path(state_dir, name, version)
-            try:
-                with open(path, 'rb') as f:
-                    data = f.read()
-            except FileNotFoundError:
-                raise RuntimeError(
-                    f'The state of {name} at epoch {version} is missing from {state_dir}: '
-                    'the state directory must stay in place (and be shared by every '
-                    'worker of this host) while the pipeline runs.') from None
-            operator.restore(data)
+        operator.restore_state(state)
         return operator
 
     @classmethod
-    def commit(cls, state_dir: str, name: str, version: int,
-               operator: SnapshotOperator) -> None:
-        """Writes `operator` as `version`, then keeps it live in this process."""
-        directory = os.path.dirname(_path(state_dir, name, version))
-        os.makedirs(directory, exist_ok=True)
-        path = _path(state_dir, name, version)
-        temporary = f'{path}.{os.getpid()}.tmp'
-        with open(temporary, 'wb') as f:
-            f.write(operator.snapshot())
-        os.replace(temporary, path)
-        stale = _path(state_dir, name, version - 2)
-        if os.path.exists(stale):
-            os.remove(stale)
-        with cls._lock:
-            cls._live[(state_dir, name)] = (version, operator)
-
-
-def _path(state_dir: str, name: str, version: int) -> str:
-    return os.path.join(state_dir, name, f'{version:012d}.snapshot')
+    def commit(cls, state_dir: str, name: str, version: int, operator: VersionedOperator) -> None:
+        """Writes what `operator` changed as `version`, then keeps it live in this process."""
+        cache = cls.cache(state_dir)
+        dirty, deleted = operator.state_delta()
+        cache.commit(name, version, dirty, deleted)
+        if cache.cached_version(name) == version:
+            cache.attach(name, version, operator)

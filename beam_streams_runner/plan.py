@@ -194,12 +194,32 @@ def keep_timestamped_combines_unlifted(
         yield stage
 
 
+def annotate_side_input_consumers_as_roots(
+    stages: Iterable[translations.Stage], context: translations.TransformContext
+) -> Iterable[translations.Stage]:
+    """Streaming fusion phase: a ParDo reading side inputs starts its own stage.
+
+    Its main-input elements wait in the stage's Pending States Graph until
+    their side-input windows are ready (`translators/side_input_gate`), so
+    they must arrive at the stage boundary as the ParDo's own input.
+    """
+    for stage in stages:
+        for transform in stage.transforms:
+            if transform.spec.urn in translations.PAR_DO_URNS and proto_utils.parse_Bytes(
+                    transform.spec.payload, beam_runner_api_pb2.ParDoPayload).side_inputs:
+                stage.forced_root = True
+        yield stage
+
+
 STREAMING_PHASES = [
     keep_timestamped_combines_unlifted if phase is translations.lift_combiners else phase
     for phase in PHASES
 ]
 STREAMING_PHASES.insert(STREAMING_PHASES.index(keep_timestamped_combines_unlifted) + 1,
                         translations.lift_combiners)
+STREAMING_PHASES.insert(
+    STREAMING_PHASES.index(translations.annotate_stateful_dofns_as_roots) + 1,
+    annotate_side_input_consumers_as_roots)
 
 
 def build_plan(

@@ -17,6 +17,7 @@ test sees exactly the interleaving it wrote.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import shutil
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
 from apache_beam.utils.timestamp import Timestamp
 from pyspark import SparkContext, StorageLevel
+from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
 from beam_streams_runner import epoch_tasks
@@ -39,14 +41,20 @@ from beam_streams_runner.batch_driver import (
     retag,
     worker_plan,
 )
-from beam_streams_runner.epoch_tasks import EpochInfo, PartitionReport, ReportsAccumulator
-from beam_streams_runner.errors import UnsupportedFeatureError, pipeline_error_from_spark
-from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.epoch_tasks import (
+    EpochInfo,
+    PartitionReport,
+    ReportsAccumulator,
+    SideInputsView,
+)
+from beam_streams_runner.errors import pipeline_error_from_spark
+from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
 from beam_streams_runner.records import Punctuation
 from beam_streams_runner.translators.flatten import flattened
 from beam_streams_runner.translators.par_do import Residual
+from beam_streams_runner.translators.side_inputs import side_input_state
 from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
 from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
 
@@ -58,13 +66,6 @@ class StreamingDriver:
     def __init__(self, sc: SparkContext, plan: PipelinePlan, bundle_size: int,
                  bundle_time_ms: int, num_partitions: int | None = None,
                  on_progress: Callable[[str], None] | None = None) -> None:
-        for stage in plan.stages:
-            if stage.side_inputs:
-                step = stage.step_names[0] if stage.step_names else stage.name
-                raise UnsupportedFeatureError(
-                    f"Step '{step}' reads a side input, which the streaming driver does not "
-                    'support yet (it comes with the Pending States Graph). Run the pipeline '
-                    'without --streaming if its sources are bounded.')
         self.sc = sc
         self.plan = plan
         self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
@@ -81,6 +82,11 @@ class StreamingDriver:
         self._test_streams = self._test_stream_events()
         self._cancelled = threading.Event()
         self.epochs = 0
+        # Side inputs: everything each side buffer produced so far, its watermark,
+        # and per consuming stage the broadcast state-API layout of it.
+        self._side_chunks: dict[bytes, list[bytes]] = {}
+        self._side_watermarks: dict[bytes, int] = {}
+        self._side_states: dict[str, Broadcast] = {}
 
     @property
     def job_group(self) -> str:
@@ -135,6 +141,8 @@ class StreamingDriver:
         finally:
             reissue(self.warnings.value)
             shutil.rmtree(state_dir, ignore_errors=True)
+            for broadcast in self._side_states.values():
+                broadcast.destroy()
 
     # One epoch -------------------------------------------------------------------
     def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None],
@@ -152,6 +160,7 @@ class StreamingDriver:
             number=epoch, processing_time=clock, holds=holds, state_dir=state_dir,
             bundle_time_ms=self.bundle_time_ms))
         stage_rdds: dict[str, RDD | None] = {}
+        collected: dict[bytes, bool] = {}
         try:
             for stage in self.plan.stages:
                 sc.setLocalProperty('callSite.short', stage.display_name[:200])
@@ -160,8 +169,10 @@ class StreamingDriver:
                 elif stage.kind == 'reshuffle':
                     rdd = self._reshuffled(stage, stage_rdds)
                 else:
+                    side_view = (self._side_view(stage, stage_rdds, epoch, collected)
+                                 if stage.side_inputs else None)
                     rdd = self._sdk_stage(stage, stage_rdds, epoch_bc, epoch,
-                                          due.get(stage.name, []))
+                                          due.get(stage.name, []), side_view)
                 # No RDD names per epoch: each costs a JVM round trip; the call
                 # site and the job description name the stages and the epoch.
                 if rdd is not None and self._uses[stage.name] > 1:
@@ -181,6 +192,7 @@ class StreamingDriver:
                    for (number, stage, index), report in self.reports.value.items()
                    if number == epoch}
         self.reports.value = {}
+        self._set_gauges(reports)
         for (stage_name, _), report in reports.items():
             for residual in report.residuals:
                 resume_at = clock + int(residual.resume_delay_s * 1e6)
@@ -189,6 +201,18 @@ class StreamingDriver:
             self._on_progress(f'epoch {epoch}: output watermark '
                               f'{min((r.output_watermark for r in reports.values()), default=0)}')
         return reports
+
+    def _set_gauges(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
+        """The runner's gauges: each count summed over the partitions of its step."""
+        summed: dict[tuple[str, str], int] = collections.Counter()
+        for report in reports.values():
+            for key, count in report.sizes.items():
+                summed[key] += count
+        if summed:
+            totals = MetricTotals()
+            for (step, name), count in summed.items():
+                totals.set_gauge(step, RUNNER_NAMESPACE, name, count)
+            self.metrics.add(totals)
 
     def _due(self, clock: int) -> bool:
         return any(at <= clock for pending in self._residuals.values() for _, at in pending)
@@ -200,8 +224,37 @@ class StreamingDriver:
                 and not any(steps.values()))
 
     # Stage RDDs of one epoch -----------------------------------------------------
+    def _side_view(self, stage: StagePlan, stage_rdds: dict[str, RDD | None], epoch: int,
+                   collected: dict[bytes, bool]) -> SideInputsView:
+        """This epoch's side inputs of `stage`: each side buffer is collected by its
+        own Spark job (once per epoch, before its readers run), its data added to
+        what came before and its watermark taken from its producers' punctuations."""
+        changed = False
+        for buffer_id, _ in stage.side_inputs.values():
+            if buffer_id not in collected:
+                name = buffer_id.decode('utf-8', 'replace')
+                self.sc.setJobDescription(f'Beam streaming epoch {epoch}: side input {name}')
+                records = self._buffer(buffer_id, stage_rdds).values().collect()
+                data = [r for r in records if not isinstance(r, Punctuation)]
+                self._side_chunks.setdefault(buffer_id, []).extend(data)
+                self._side_watermarks[buffer_id] = min(
+                    (r.watermark for r in records if isinstance(r, Punctuation)),
+                    default=MAX_WATERMARK)
+                collected[buffer_id] = bool(data)
+            changed = changed or collected[buffer_id]
+        state_bc = self._side_states.get(stage.name)
+        if state_bc is None or changed:
+            if state_bc is not None:
+                state_bc.destroy()
+            state_bc = self.sc.broadcast(side_input_state(self.plan, stage, self._side_chunks))
+            self._side_states[stage.name] = state_bc
+        return SideInputsView(state_bc, {
+            side_input: self._side_watermarks[buffer_id]
+            for side_input, (buffer_id, _) in stage.side_inputs.items()})
+
     def _sdk_stage(self, stage: StagePlan, stage_rdds: dict[str, RDD | None], epoch_bc,
-                   epoch: int, residuals: list[Residual]) -> RDD:
+                   epoch: int, residuals: list[Residual],
+                   side_view: SideInputsView | None) -> RDD:
         sc = self.sc
         plan_bc = self._plan_bc
         grouping_input = None
@@ -218,6 +271,12 @@ class StreamingDriver:
                 coder_id, key_coder_id = spec.input_coder_id, spec.key_coder_id
             elif stage.stateful:
                 coder_id, key_coder_id = stage.input_coders[input_id], stage.key_coders[input_id]
+            elif stage.side_inputs:
+                # Pushed-back elements stay in their partition: fixed partitions.
+                inputs.append(self._buffer(buffer_id, stage_rdds).mapPartitionsWithIndex(
+                    _dealt_fn(self.num_partitions, input_id)
+                ).partitionBy(self.num_partitions, identity).values())
+                continue
             else:
                 inputs.append(self._buffer(buffer_id, stage_rdds).map(retag(input_id)))
                 continue
@@ -234,7 +293,7 @@ class StreamingDriver:
         def run_partition(index, records):
             return epoch_tasks.run_stage_epoch(
                 plan_bc, epoch_bc, name, metrics, warnings, reports, grouping_input, index,
-                records)
+                records, side_view)
 
         return source.mapPartitionsWithIndex(run_partition)
 
@@ -274,6 +333,12 @@ class StreamingDriver:
                 for tag, output_id in stage.test_stream_outputs.items()}
             streams[stage.name] = TestStreamEvents(stage.test_stream, context, outputs).steps()
         return streams
+
+
+def _dealt_fn(num_partitions: int, tag: str):
+    def deal(index, records):
+        return epoch_tasks.dealt_chunks(num_partitions, tag, index, records)
+    return deal
 
 
 def _keyed_shuffle_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):

@@ -11,10 +11,18 @@ elements and no timers; the caller (the operator) knows the last two.
 Values are the opaque byte strings of Beam's state API: a cell is a list of
 encoded chunks (bag state, combining state, set state, ...); ordered-list cells
 keep their entries sorted by their sort key.
+
+Versioned partition state (design section 8): once `track_changes` is called,
+the store records every key whose cells or expiry windows change;
+`take_changed` hands them out for the epoch's delta, `encode_key` gives a key's
+whole state as one value (None once it holds nothing) and `restore_key` puts it
+back, index included. The batch driver never tracks, so it pays nothing.
 """
 
 from __future__ import annotations
 
+import bisect
+import pickle
 from collections.abc import Callable, Hashable, Iterable
 
 from sortedcontainers import SortedDict, SortedList
@@ -26,8 +34,11 @@ class KeyedStateIndex:
     """Keys ordered by the smallest max-timestamp of the windows they hold."""
 
     def __init__(self) -> None:
-        self._windows_by_key: dict[bytes, SortedList] = {}
+        # A key's windows are few (a sorted list beats a SortedList there).
+        self._windows_by_key: dict[bytes, list[int]] = {}
         self._order: SortedList = SortedList()  # (earliest window max timestamp, key)
+        # The owning KeyedStateStore's set of changed keys, while it tracks changes.
+        self._changed: set[bytes] | None = None
 
     def __len__(self) -> int:
         return len(self._windows_by_key)
@@ -35,21 +46,44 @@ class KeyedStateIndex:
     def add_window(self, key: bytes, window_max_timestamp: int) -> None:
         windows = self._windows_by_key.get(key)
         if windows is None:
-            self._windows_by_key[key] = SortedList([window_max_timestamp])
+            self._windows_by_key[key] = [window_max_timestamp]
             self._order.add((window_max_timestamp, key))
+            if self._changed is not None:
+                self._changed.add(key)
             return
-        if window_max_timestamp in windows:
+        position = bisect.bisect_left(windows, window_max_timestamp)
+        if position < len(windows) and windows[position] == window_max_timestamp:
             return
-        earliest = windows[0]
-        windows.add(window_max_timestamp)
-        if window_max_timestamp < earliest:
-            self._order.remove((earliest, key))
+        if self._changed is not None:
+            self._changed.add(key)
+        if position == 0:
+            self._order.remove((windows[0], key))
             self._order.add((window_max_timestamp, key))
+        windows.insert(position, window_max_timestamp)
 
     def remove_key(self, key: bytes) -> None:
+        if self._drop(key) and self._changed is not None:
+            self._changed.add(key)
+
+    def _drop(self, key: bytes) -> bool:
         windows = self._windows_by_key.pop(key, None)
-        if windows is not None:
-            self._order.remove((windows[0], key))
+        if windows is None:
+            return False
+        self._order.remove((windows[0], key))
+        return True
+
+    def windows(self, key: bytes) -> list[int]:
+        """The max timestamps of the windows `key` holds state in, ascending."""
+        return list(self._windows_by_key.get(key, ()))
+
+    def restore_key(self, key: bytes, windows: Iterable[int]) -> None:
+        """Sets the windows of `key` (replacing any) as `add_window` of each would,
+        but not as a change (restoring a saved state)."""
+        self._drop(key)
+        windows = sorted(set(windows))
+        if windows:
+            self._windows_by_key[key] = windows
+            self._order.add((windows[0], key))
 
     def latest_window(self, key: bytes) -> int | None:
         windows = self._windows_by_key.get(key)
@@ -68,6 +102,7 @@ class KeyedStateStore:
         self._cells: dict[bytes, dict[CellId, list[bytes]]] = {}
         self._ordered: dict[bytes, dict[CellId, SortedDict]] = {}
         self.index = KeyedStateIndex()
+        self._changed: set[bytes] | None = None  # keys changed, while tracking
 
     def __len__(self) -> int:
         return len(set(self._cells) | set(self._ordered))
@@ -81,13 +116,16 @@ class KeyedStateStore:
 
     def append(self, key: bytes, cell: CellId, data: bytes) -> None:
         self._cells.setdefault(key, {}).setdefault(cell, []).append(data)
+        if self._changed is not None:
+            self._changed.add(key)
 
     def clear(self, key: bytes, cell: CellId) -> None:
         cells = self._cells.get(key)
-        if cells is not None:
-            cells.pop(cell, None)
+        if cells is not None and cells.pop(cell, None) is not None:
             if not cells:
                 del self._cells[key]
+            if self._changed is not None:
+                self._changed.add(key)
 
     def cells_with_prefix(self, key: bytes, prefix: tuple) -> Iterable[CellId]:
         """Cells of `key` whose id starts with `prefix` (e.g. all map keys)."""
@@ -107,13 +145,18 @@ class KeyedStateStore:
     def ordered_add(self, key: bytes, cell: CellId, sort_key: int, data: bytes) -> None:
         entries = self._ordered.setdefault(key, {}).setdefault(cell, SortedDict())
         entries.setdefault(sort_key, []).append(data)
+        if self._changed is not None:
+            self._changed.add(key)
 
     def ordered_clear(self, key: bytes, cell: CellId, start: int, end: int) -> None:
         cells = self._ordered.get(key)
         entries = cells.get(cell) if cells else None
         if not entries:
             return
-        for sort_key in list(entries.irange(start, end, inclusive=(True, False))):
+        doomed = list(entries.irange(start, end, inclusive=(True, False)))
+        if doomed and self._changed is not None:
+            self._changed.add(key)
+        for sort_key in doomed:
             del entries[sort_key]
         if not entries:
             del cells[cell]
@@ -122,9 +165,10 @@ class KeyedStateStore:
 
     # Expiry ----------------------------------------------------------------------
     def delete_key(self, key: bytes) -> None:
-        self._cells.pop(key, None)
-        self._ordered.pop(key, None)
-        self.index.remove_key(key)
+        held = (self._cells.pop(key, None) is not None) | (self._ordered.pop(key, None) is not None)
+        self.index.remove_key(key)  # marks the key changed if it had windows
+        if held and self._changed is not None:
+            self._changed.add(key)
 
     def expire(
         self,
@@ -144,3 +188,43 @@ class KeyedStateStore:
                 self.delete_key(key)
                 deleted.append(key)
         return deleted
+
+    # Versioned partition state -------------------------------------------------------
+    def track_changes(self) -> None:
+        """Starts (or restarts) recording which keys change; forgets what was recorded."""
+        self._changed = set()
+        self.index._changed = self._changed
+
+    def take_changed(self) -> set[bytes]:
+        """The keys changed since `track_changes` or the last call; resets the record."""
+        if self._changed is None:
+            raise RuntimeError('KeyedStateStore.take_changed: call track_changes() first')
+        changed = self._changed
+        self.track_changes()
+        return changed
+
+    def encode_key(self, key: bytes) -> bytes | None:
+        """All the state of `key` (cells, ordered cells, expiry windows) as one value,
+        or None if it holds none."""
+        cells = self._cells.get(key)
+        ordered = self._ordered.get(key)
+        windows = self.index.windows(key)
+        if not cells and not ordered and not windows:
+            return None
+        return pickle.dumps((
+            list(cells.items()) if cells else [],
+            [(cell, list(entries.items())) for cell, entries in ordered.items()]
+            if ordered else [],
+            windows,
+        ), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore_key(self, key: bytes, data: bytes) -> None:
+        """Replaces the state of `key` by the value `encode_key` gave (not a change)."""
+        cells, ordered, windows = pickle.loads(data)
+        self._cells.pop(key, None)
+        self._ordered.pop(key, None)
+        if cells:
+            self._cells[key] = dict(cells)
+        if ordered:
+            self._ordered[key] = {cell: SortedDict(entries) for cell, entries in ordered}
+        self.index.restore_key(key, windows)

@@ -48,7 +48,8 @@ class PartitionStateHandler(sdk_worker.StateHandler):
         window_max_timestamp: Callable[[str, bytes], int] | None = None,
     ) -> None:
         self.keyed_state = keyed_state if keyed_state is not None else KeyedStateStore()
-        self._side_inputs = side_inputs if side_inputs is not None else {}
+        # Streaming: the driver replaces it each epoch as the side inputs fill.
+        self.side_inputs = side_inputs if side_inputs is not None else {}
         self._window_max_timestamp = window_max_timestamp
 
     @contextlib.contextmanager
@@ -63,7 +64,7 @@ class PartitionStateHandler(sdk_worker.StateHandler):
     ) -> tuple[bytes, None]:
         kind = state_key.WhichOneof('type')
         if kind in _SIDE_INPUT_TYPES:
-            return self._side_inputs.get(state_key.SerializeToString(), b''), None
+            return self.side_inputs.get(state_key.SerializeToString(), b''), None
         if kind == 'bag_user_state':
             key, cell = self._cell(state_key.bag_user_state)
             return b''.join(self.keyed_state.get(key, cell)), None

@@ -12,12 +12,17 @@ timer. Timers of one key therefore fire strictly in timestamp order even when
 firing one timer sets another, earlier one; timers of different keys are
 independent and fire together, so a watermark jump costs one round per timer of
 the busiest key, not one per timer.
+
+Versioned partition state (design section 8): once `track_changes` is called,
+the queue records every key whose timers were set, cleared or fired;
+`take_changed` hands them out, `timers_of` lists a key's timers with their
+arrival numbers, and `restore` puts timers back with their arrival numbers, so a
+rebuilt queue fires in exactly the order of the original.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, NamedTuple
 
 from sortedcontainers import SortedList
@@ -34,26 +39,16 @@ class TimerQueue:
     """Timers ordered by (firing timestamp, arrival), indexed by id and by key."""
 
     def __init__(self) -> None:
-        self._seq = itertools.count()
+        self._next_seq = 0  # arrival number of the next timer set
         # timer id -> (fire timestamp, sequence number, PendingTimer)
         self._by_id: dict[Hashable, tuple[int, int, PendingTimer]] = {}
         self._by_time: SortedList = SortedList()  # (fire timestamp, seq, timer id)
         self._holds: SortedList = SortedList()  # (hold timestamp, seq)
-        self._count_by_key: dict[Hashable, int] = {}
+        self._ids_by_key: dict[Hashable, set[Hashable]] = {}
+        self._changed: set[Hashable] | None = None  # keys changed, while tracking
 
     def __len__(self) -> int:
         return len(self._by_id)
-
-    def __getstate__(self) -> dict:
-        # itertools.count does not pickle on every Python version: keep its next value.
-        state = dict(self.__dict__)
-        state['_seq'] = next(self._seq)
-        self._seq = itertools.count(state['_seq'] + 1)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._seq = itertools.count(state['_seq'])
 
     def __contains__(self, timer_id: Hashable) -> bool:
         return timer_id in self._by_id
@@ -66,32 +61,49 @@ class TimerQueue:
         hold_timestamp: int | None = None,
     ) -> None:
         """Sets (or resets) the timer `timer_id`; timestamps are microseconds."""
-        self.clear(timer_id)
-        seq = next(self._seq)
+        self._remove(timer_id)
+        seq = self._next_seq
+        self._next_seq += 1
         hold = fire_timestamp if hold_timestamp is None else hold_timestamp
-        timer = PendingTimer(timer_id, fire_timestamp, hold, payload)
-        self._by_id[timer_id] = (fire_timestamp, seq, timer)
-        self._by_time.add((fire_timestamp, seq, timer_id))
-        self._holds.add((hold, seq))
+        self._add(seq, PendingTimer(timer_id, fire_timestamp, hold, payload))
+        if self._changed is not None:
+            self._changed.add(_key_of(timer_id))
+
+    def _add(self, seq: int, timer: PendingTimer) -> None:
+        timer_id = timer.timer_id
+        self._by_id[timer_id] = (timer.fire_timestamp, seq, timer)
+        self._by_time.add((timer.fire_timestamp, seq, timer_id))
+        self._holds.add((timer.hold_timestamp, seq))
+        self._index_by_key(timer_id)
+
+    def _index_by_key(self, timer_id: Hashable) -> None:
         key = _key_of(timer_id)
-        self._count_by_key[key] = self._count_by_key.get(key, 0) + 1
+        ids = self._ids_by_key.get(key)
+        if ids is None:
+            self._ids_by_key[key] = {timer_id}
+        else:
+            ids.add(timer_id)
 
     def clear(self, timer_id: Hashable) -> None:
+        if self._remove(timer_id) and self._changed is not None:
+            self._changed.add(_key_of(timer_id))
+
+    def _remove(self, timer_id: Hashable) -> bool:
         entry = self._by_id.pop(timer_id, None)
         if entry is None:
-            return
+            return False
         fire_timestamp, seq, timer = entry
         self._by_time.remove((fire_timestamp, seq, timer_id))
         self._holds.remove((timer.hold_timestamp, seq))
         key = _key_of(timer_id)
-        remaining = self._count_by_key[key] - 1
-        if remaining:
-            self._count_by_key[key] = remaining
-        else:
-            del self._count_by_key[key]
+        ids = self._ids_by_key[key]
+        ids.discard(timer_id)
+        if not ids:
+            del self._ids_by_key[key]
+        return True
 
     def has_timers_for_key(self, key: Hashable) -> bool:
-        return key in self._count_by_key
+        return key in self._ids_by_key
 
     def next_timestamp(self) -> int | None:
         """Firing timestamp of the earliest pending timer, or None."""
@@ -119,6 +131,53 @@ class TimerQueue:
         for timer in due:
             self.clear(timer.timer_id)
         return due
+
+    # Versioned partition state -------------------------------------------------------
+    def track_changes(self) -> None:
+        """Starts (or restarts) recording which keys' timers change; forgets the record."""
+        self._changed = set()
+
+    def take_changed(self) -> set[Hashable]:
+        """The keys whose timers were set, cleared or fired since `track_changes` or the
+        last call; resets the record."""
+        if self._changed is None:
+            raise RuntimeError('TimerQueue.take_changed: call track_changes() first')
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def timers_of(self, key: Hashable) -> list[tuple[int, PendingTimer]]:
+        """The pending timers of `key` with their arrival numbers, by arrival."""
+        return sorted((self._by_id[timer_id][1:] for timer_id in self._ids_by_key.get(key, ())),
+                      key=lambda entry: entry[0])
+
+    def restore(self, timers: Iterable[tuple[int, tuple]]) -> None:
+        """Puts back timers as `timers_of` lists them: (arrival number, (timer id, fire
+        timestamp, hold timestamp, payload)). As `set` does, but not as a change
+        (restoring a saved state), and in bulk: rebuilding n timers sorts once."""
+        batch = {}  # timer id -> (seq, timer): a timer listed twice is restored once
+        for seq, fields in timers:
+            timer = PendingTimer(*fields)
+            batch[timer.timer_id] = (seq, timer)
+        by_time, holds = [], []
+        for timer_id, (seq, timer) in batch.items():
+            self._remove(timer_id)
+            self._by_id[timer_id] = (timer.fire_timestamp, seq, timer)
+            by_time.append((timer.fire_timestamp, seq, timer_id))
+            holds.append((timer.hold_timestamp, seq))
+            self._index_by_key(timer_id)
+            self._next_seq = max(self._next_seq, seq + 1)
+        self._by_time.update(by_time)
+        self._holds.update(holds)
+
+    @property
+    def next_seq(self) -> int:
+        """The arrival number the next timer set gets."""
+        return self._next_seq
+
+    @next_seq.setter
+    def next_seq(self, value: int) -> None:
+        # Never below a restored timer's number: arrival numbers stay unique.
+        self._next_seq = max(self._next_seq, value)
 
 
 def _key_of(timer_id: Hashable) -> Hashable:

@@ -9,6 +9,9 @@
   temporary directory and are read back from all shards: a Python list cannot
   collect elements produced in Spark's worker processes. `assert_same_as_direct`
   asserts that both are equal.
+* `same_as_direct_streaming(build)` runs a pipeline with `--streaming` on both
+  runners; outputs are written by a side-effect DoFn (`WriteLines`, one file per
+  bundle, with window, timestamp and pane), so it needs no file sink.
 * Test modules under `tests/` are pickled by value (not by reference), so the
   DoFns and functions they define at module level can be unpickled in Spark's
   Python workers, which cannot import the test modules.
@@ -27,7 +30,8 @@ import pytest
 from apache_beam.internal import cloudpickle as beam_cloudpickle
 from apache_beam.io import WriteToText
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms.window import GlobalWindows
+from apache_beam.testing import test_stream
+from apache_beam.transforms import window
 
 from beam_streams_runner import StreamsSparkRunner
 
@@ -91,7 +95,7 @@ def run_pipeline(build: Builder, runner, out_dir: str, args: Sequence[str] = (),
         lines = [
             pcoll
             | f'Format {name}' >> beam.Map(_tagged_line, name, fmt)
-            | f'Rewindow {name}' >> beam.WindowInto(GlobalWindows())
+            | f'Rewindow {name}' >> beam.WindowInto(window.GlobalWindows())
             for name, pcoll in outputs.items()
         ]
         merged = lines[0] if len(lines) == 1 else lines | 'Outputs' >> beam.Flatten()
@@ -172,3 +176,65 @@ def assert_same_as_direct(run_both):
         assert spark == direct
         return spark
     return check
+
+
+class WriteLines(beam.DoFn):
+    """Writes each element's canonical form, window, timestamp and pane, a file per bundle."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+
+    def start_bundle(self) -> None:
+        self._lines = []
+
+    def process(self, element, w=beam.DoFn.WindowParam, ts=beam.DoFn.TimestampParam,
+                pane=beam.DoFn.PaneInfoParam):
+        # Milliseconds: Beam's coders keep timestamps to the millisecond, and the
+        # DirectRunner's streaming mode never encodes (so it keeps microseconds).
+        self._lines.append(
+            f'{canonical(element)} {w} {ts.micros // 1000} {pane.timing} {pane.index}')
+
+    def finish_bundle(self) -> None:
+        if self._lines:
+            path = os.path.join(self._directory, f'{os.getpid()}-{uuid.uuid4().hex}')
+            with open(path, 'w', encoding='utf-8') as f:
+                f.write('\n'.join(self._lines) + '\n')
+
+
+def run_streaming(build, runner, directory: str, args=()) -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    options = PipelineOptions(['--streaming', *args])
+    with beam.Pipeline(runner=runner, options=options) as p:
+        build(p) | beam.ParDo(WriteLines(directory))
+    lines: list[str] = []
+    for path in glob.glob(os.path.join(directory, '*')):
+        with open(path, encoding='utf-8') as f:
+            lines.extend(f.read().splitlines())
+    return sorted(lines)
+
+
+@pytest.fixture
+def same_as_direct_streaming(tmp_path, spark_session):
+    """`same_as_direct_streaming(build, args=())`: asserts equal streaming outputs."""
+    def check(build, args=()) -> list[str]:
+        direct = run_streaming(build, 'DirectRunner', str(tmp_path / 'direct'), args)
+        spark = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'spark'),
+                              [*SPARK_ARGS, *args])
+        assert direct, 'the DirectRunner produced no output'
+        assert spark == direct
+        return spark
+    return check
+
+
+def events_with_late_data() -> test_stream.TestStream:
+    """Two keys over three epochs of watermarks, with one late element."""
+    return (test_stream.TestStream()
+            .add_elements([window.TimestampedValue(('a', 1), 1),
+                           window.TimestampedValue(('b', 2), 2)])
+            .advance_watermark_to(4)
+            .add_elements([window.TimestampedValue(('a', 3), 3),
+                           window.TimestampedValue(('a', 7), 7)])
+            .advance_watermark_to(12)
+            .add_elements([window.TimestampedValue(('a', 2), 2)])  # late: dropped
+            .add_elements([window.TimestampedValue(('b', 11), 11)])
+            .advance_watermark_to_infinity())

@@ -1,102 +1,35 @@
 """End-to-end tests of the streaming driver: epochs, in-band watermarks, state across epochs.
 
-Outputs are written by a side-effect DoFn (one file per process and bundle),
-so the same collection works on Beam's DirectRunner (the reference, in
-streaming mode) and on StreamsSparkRunner, whose DoFns run in Spark's Python
-workers.
+Outputs are compared with Beam's DirectRunner in streaming mode through
+`conftest.same_as_direct_streaming`.
 """
 
 from __future__ import annotations
 
 import ast
-import glob
 import os
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import apache_beam as beam
-import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing import test_stream
 from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner import StreamsSparkRunner
-from tests.conftest import SPARK_ARGS, canonical
-
-
-class _WriteLines(beam.DoFn):
-    """Writes each element's canonical form, window, timestamp and pane, a file per bundle."""
-
-    def __init__(self, directory: str) -> None:
-        self._directory = directory
-
-    def start_bundle(self) -> None:
-        self._lines = []
-
-    def process(self, element, w=beam.DoFn.WindowParam, ts=beam.DoFn.TimestampParam,
-                pane=beam.DoFn.PaneInfoParam):
-        # Milliseconds: Beam's coders keep timestamps to the millisecond, and the
-        # DirectRunner's streaming mode never encodes (so it keeps microseconds).
-        self._lines.append(
-            f'{canonical(element)} {w} {ts.micros // 1000} {pane.timing} {pane.index}')
-
-    def finish_bundle(self) -> None:
-        if self._lines:
-            path = os.path.join(self._directory, f'{os.getpid()}-{uuid.uuid4().hex}')
-            with open(path, 'w', encoding='utf-8') as f:
-                f.write('\n'.join(self._lines) + '\n')
-
-
-def run_streaming(build, runner, directory: str, args=()) -> list[str]:
-    os.makedirs(directory, exist_ok=True)
-    options = PipelineOptions(['--streaming', *args])
-    with beam.Pipeline(runner=runner, options=options) as p:
-        build(p) | beam.ParDo(_WriteLines(directory))
-    lines: list[str] = []
-    for path in glob.glob(os.path.join(directory, '*')):
-        with open(path, encoding='utf-8') as f:
-            lines.extend(f.read().splitlines())
-    return sorted(lines)
-
-
-@pytest.fixture
-def same_as_direct_streaming(tmp_path, spark_session):
-    def check(build, args=()) -> list[str]:
-        direct = run_streaming(build, 'DirectRunner', str(tmp_path / 'direct'), args)
-        spark = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'spark'),
-                              [*SPARK_ARGS, *args])
-        assert direct, 'the DirectRunner produced no output'
-        assert spark == direct
-        return spark
-    return check
-
-
-def _events() -> test_stream.TestStream:
-    return (test_stream.TestStream()
-            .add_elements([window.TimestampedValue(('a', 1), 1),
-                           window.TimestampedValue(('b', 2), 2)])
-            .advance_watermark_to(4)
-            .add_elements([window.TimestampedValue(('a', 3), 3),
-                           window.TimestampedValue(('a', 7), 7)])
-            .advance_watermark_to(12)
-            .add_elements([window.TimestampedValue(('a', 2), 2)])  # late: dropped
-            .add_elements([window.TimestampedValue(('b', 11), 11)])
-            .advance_watermark_to_infinity())
+from tests.conftest import SPARK_ARGS, events_with_late_data, run_streaming
 
 
 def test_test_stream_fixed_windows(same_as_direct_streaming):
     same_as_direct_streaming(lambda p: (
-        p | _events() | beam.WindowInto(window.FixedWindows(5)) | beam.GroupByKey()
+        p | events_with_late_data() | beam.WindowInto(window.FixedWindows(5)) | beam.GroupByKey()
         | beam.MapTuple(lambda k, vs: (k, sorted(vs)))))
 
 
 def test_test_stream_early_and_late_panes(same_as_direct_streaming):
     same_as_direct_streaming(lambda p: (
-        p | _events()
+        p | events_with_late_data()
         | beam.WindowInto(window.FixedWindows(5),
                           trigger=trigger.AfterWatermark(early=trigger.AfterCount(1),
                                                          late=trigger.AfterCount(1)),
@@ -111,7 +44,7 @@ def test_test_stream_sessions(same_as_direct_streaming):
     # runner garbage-collects the expired session first (Beam Java's semantics:
     # 3 opens [3, 6)) while the DirectRunner keeps every key's state forever.
     same_as_direct_streaming(lambda p: (
-        p | _events() | beam.WindowInto(window.Sessions(3), allowed_lateness=10)
+        p | events_with_late_data() | beam.WindowInto(window.Sessions(3), allowed_lateness=10)
         | beam.GroupByKey()
         | beam.MapTuple(lambda k, vs: (k, sorted(vs)))))
 
@@ -135,7 +68,7 @@ class _BufferUntilWindowEnd(beam.DoFn):
 
 def test_stateful_dofn_with_timers_across_epochs(same_as_direct_streaming):
     same_as_direct_streaming(lambda p: (
-        p | _events() | beam.WindowInto(window.FixedWindows(5))
+        p | events_with_late_data() | beam.WindowInto(window.FixedWindows(5))
         | beam.ParDo(_BufferUntilWindowEnd())))
 
 
@@ -170,14 +103,14 @@ def test_partitions_move_between_python_workers(tmp_path):
     script.write_text(textwrap.dedent(f'''
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from tests.test_streaming_driver import (
-            _BufferUntilWindowEnd, _events, run_streaming)
+        from tests.conftest import events_with_late_data, run_streaming
+        from tests.test_streaming_driver import _BufferUntilWindowEnd
         import apache_beam as beam
         from apache_beam.transforms import window
         from beam_streams_runner import StreamsSparkRunner
 
         def build(p):
-            return (p | _events() | beam.WindowInto(window.FixedWindows(5))
+            return (p | events_with_late_data() | beam.WindowInto(window.FixedWindows(5))
                     | beam.ParDo(_BufferUntilWindowEnd()))
 
         for runner, name, args in [

@@ -16,10 +16,11 @@ shuffle and the merge of accumulators after it, both in the SDK harness.
 from __future__ import annotations
 
 import functools
+import pickle
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
-from apache_beam.internal import pickler
+from apache_beam.internal.cloudpickle import cloudpickle
 from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
 from apache_beam.transforms.timeutil import TimeDomain
@@ -171,6 +172,11 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
     processing-time timer, keys by their earliest watermark hold (the output
     watermark is min(input watermark, earliest hold)); expired keys are found
     through `KeyedStateIndex` by the earliest window they hold.
+
+    Across epochs (design section 8) its state is versioned per key:
+    `state_delta` gives the keys changed since the last call (every change goes
+    through `_reindex`), each key's `InMemoryUnmergedState` encoded alone, and
+    `restore_state` rebuilds the keys and all the indexes from them.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -184,6 +190,7 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
         self._clock_due: SortedList = SortedList()  # (earliest processing-time timer, key)
         self._holds: SortedList = SortedList()  # (earliest watermark hold, key)
         self._expiry = KeyedStateIndex()
+        self._changed: set[bytes] = set()  # keys changed since the last state_delta
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -193,17 +200,35 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
                 'timers': len(self._event_due) + len(self._clock_due)}
 
     # State across epochs ---------------------------------------------------------
-    def snapshot(self) -> bytes:
-        return pickler.dumps(
-            (self._keys, self.watermarks.current(), self.clock.micros), enable_trace=False)
+    def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
+        """What changed since the last call: each changed key's user key and trigger
+        state under b'k' + encoded key (deleted once expired), plus b'm': the input
+        watermark and processing time."""
+        changed, self._changed = self._changed, set()
+        dirty: dict[bytes, bytes] = {}
+        deleted: set[bytes] = set()
+        for encoded in changed:
+            entry = self._keys.get(encoded)
+            if entry is None:
+                deleted.add(b'k' + encoded)
+            else:
+                dirty[b'k' + encoded] = _encode_key_state(*entry)
+        dirty[b'm'] = pickle.dumps((self.watermarks.current(), self.clock.micros))
+        return dirty, deleted
 
-    def restore(self, data: bytes) -> None:
-        keys, watermark, now = pickler.loads(data, enable_trace=False)
-        self.clock.micros = now
-        self.watermarks.advance('input', watermark)
-        for encoded, entry in keys.items():
-            self._keys[encoded] = entry
-            self._reindex(encoded)
+    def restore_state(self, state: Mapping[bytes, bytes]) -> None:
+        """Rebuilds the keys and every index from the full state `state_delta` wrote
+        (called on a fresh operator, with {} for the initial state)."""
+        for name, value in state.items():
+            if name[:1] == b'k':
+                encoded = name[1:]
+                self._keys[encoded] = _decode_key_state(value)
+                self._reindex(encoded)
+            elif name == b'm':
+                watermark, now = pickle.loads(value)
+                self.clock.micros = now
+                self.watermarks.advance('input', watermark)
+        self._changed = set()
 
     # The operator contract ---------------------------------------------------------
     def process_bundle(self, bundle: Bundle) -> list[Record]:
@@ -283,6 +308,8 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
 
     # Indexes -----------------------------------------------------------------------
     def _reindex(self, encoded: bytes) -> None:
+        """Re-files `encoded` in every index after its state changed (or went)."""
+        self._changed.add(encoded)
         old = self._indexed.pop(encoded, None)
         if old is not None:
             for index, value in zip((self._event_due, self._clock_due, self._holds), old,
@@ -312,6 +339,31 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
         self._indexed[encoded] = new
         for window in trigger.MergeableStateAdapter(state).known_windows():
             self._expiry.add_window(encoded, window.max_timestamp().micros)
+
+
+def _encode_key_state(key, state: trigger.InMemoryUnmergedState) -> bytes:
+    """One key's user key and trigger state (Beam's `InMemoryUnmergedState`, whose
+    defaultdicts hold a lambda, as plain dicts in their order: firing order follows it)."""
+    plain = (key,
+             [(window, list(timers.items())) for window, timers in state.timers.items()],
+             [(window, list(tagged.items())) for window, tagged in state.state.items()],
+             state.global_state, state.defensive_copy)
+    try:
+        return pickle.dumps(plain, pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        # A user type only cloudpickle can carry (e.g. defined in the main module).
+        return cloudpickle.dumps(plain, pickle.HIGHEST_PROTOCOL)
+
+
+def _decode_key_state(data: bytes) -> tuple[object, trigger.InMemoryUnmergedState]:
+    key, timers, tagged_states, global_state, defensive_copy = pickle.loads(data)
+    state = trigger.InMemoryUnmergedState(defensive_copy=defensive_copy)
+    for window, window_timers in timers:
+        state.timers[window] = dict(window_timers)
+    for window, tagged in tagged_states:
+        state.state[window].update(tagged)
+    state.global_state = global_state
+    return key, state
 
 
 class _Output:

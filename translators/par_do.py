@@ -25,13 +25,13 @@ self-checkpoints) are fed back as new bundles of the same stage.
 from __future__ import annotations
 
 import collections
+import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import NamedTuple
 
 from apache_beam.coders.coder_impl import create_OutputStream
-from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import BundleContextManager
@@ -81,6 +81,8 @@ class FusedStageOperator(Operator):
         self._streaming = streaming
         self._bundle_time_ms = bundle_time_ms
         self.residuals: list[Residual] = []
+        # Streaming side inputs: keys with pushed-back elements keep their state.
+        self.has_pushed_back: Callable[[bytes], bool] = lambda key: False
         self.runtime = runtime
         self.stage = stage
         self.descriptor_id = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
@@ -143,17 +145,56 @@ class FusedStageOperator(Operator):
     def next_processing_time(self) -> int | None:
         return self.processing_timers.next_timestamp()
 
-    def snapshot(self) -> bytes:
-        """The partition's keyed state, timers and input watermark (streaming epochs)."""
-        return pickler.dumps(
-            (self.keyed_state, self.event_timers, self.processing_timers,
-             self.watermarks.current()), enable_trace=False)
+    def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
+        """What changed since the last call (design section 8), per user key: its keyed
+        state under b'k' + key, its event- and processing-time timers under b'e' + key
+        and b'p' + key (each timer as its arrival number, family and Beam encoding);
+        plus b'm': the input watermark and the timer queues' next arrival numbers."""
+        dirty: dict[bytes, bytes] = {}
+        deleted: set[bytes] = set()
+        for key in self.keyed_state.take_changed():
+            value = self.keyed_state.encode_key(key)
+            if value is None:
+                deleted.add(b'k' + key)
+            else:
+                dirty[b'k' + key] = value
+        for prefix, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
+            for key in queue.take_changed():
+                timers = [(seq, timer.timer_id[1],
+                           self._timer_coders[timer.timer_id[1]].encode(timer.payload))
+                          for seq, timer in queue.timers_of(key)]
+                if timers:
+                    dirty[prefix + key] = pickle.dumps(timers, pickle.HIGHEST_PROTOCOL)
+                else:
+                    deleted.add(prefix + key)
+        dirty[b'm'] = pickle.dumps((self.watermarks.current(), self.event_timers.next_seq,
+                                    self.processing_timers.next_seq))
+        return dirty, deleted
 
-    def restore(self, data: bytes) -> None:
-        (self.keyed_state, self.event_timers, self.processing_timers,
-         watermark) = pickler.loads(data, enable_trace=False)
-        self.state.keyed_state = self.keyed_state
-        self.watermarks.advance('input', watermark)
+    def restore_state(self, state: Mapping[bytes, bytes]) -> None:
+        """Rebuilds the partition from its full state as `state_delta` wrote it (called
+        on a fresh operator, with {} for the initial state); tracks changes from here."""
+        timers: dict[bytes, list] = {b'e': [], b'p': []}
+        for name, value in state.items():
+            kind, key = name[:1], name[1:]
+            if kind == b'k':
+                self.keyed_state.restore_key(key, value)
+            elif kind in timers:
+                for seq, family, encoded in pickle.loads(value):
+                    timer = self._timer_coders[family].decode(encoded)
+                    timers[kind].append((seq, (
+                        (key, family, timer.dynamic_timer_tag, tuple(timer.windows)),
+                        timer.fire_timestamp.micros, timer.hold_timestamp.micros, timer)))
+            elif name == b'm':
+                watermark, event_seq, processing_seq = pickle.loads(value)
+                self.watermarks.advance('input', watermark)
+        for kind, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
+            queue.restore(timers[kind])
+        if b'm' in state:
+            self.event_timers.next_seq, self.processing_timers.next_seq = (
+                event_seq, processing_seq)
+        for tracked in (self.keyed_state, self.event_timers, self.processing_timers):
+            tracked.track_changes()
 
     def output_watermark(self) -> int:
         holds = [self.watermarks.current()]
@@ -366,7 +407,8 @@ class FusedStageOperator(Operator):
         return self._run({}, fired)
 
     def _is_pinned(self, key: bytes) -> bool:
-        return (self.event_timers.has_timers_for_key(key)
+        return (self.has_pushed_back(key)
+                or self.event_timers.has_timers_for_key(key)
                 or self.processing_timers.has_timers_for_key(key))
 
     # Keyed state -------------------------------------------------------------------

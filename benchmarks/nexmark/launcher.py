@@ -26,6 +26,13 @@ stream, so the run ends. The output is captured by a DoFn writing each bundle's 
 its own file (no GroupByKey: Beam refuses one on an unbounded global-window collection
 with the default trigger). Q3's panes (`AfterCount(30)`) then depend on arrival order: when
 its outputs differ, both are checked against the full join (`arrival_order_verdict`).
+The BundleBasedDirectRunner cannot run the unbounded source at all, so as a reference
+(Q4/Q6/Q9, or `--compare BundleBasedDirectRunner`) it runs in batch over the same events
+(`batch_reference`).
+
+`--corrected-q6`: Q6 runs `query6_corrected` (Beam's query with its `Timestamp` negation
+fixed) instead of Beam's, which fails on every runner. In streaming its accumulating
+panes are checked against the batch reference with `accumulating_panes_verdict`.
 
 The parent prints a progress line per run and a table at the end, and writes
 `OUT/results.csv`, `OUT/report.md`, `OUT/nexmark.png` (see `report`), the sorted outputs
@@ -72,6 +79,8 @@ NATIVE_FLINK = 'FlinkNative'
 FLINK_SETUP = 'bash benchmarks/nexmark/setup_flink_venv.sh'
 # Queries whose streaming output depends on the order elements arrive in (AfterCount panes).
 ARRIVAL_ORDER_QUERIES = (3,)
+# Queries whose streaming output has a line per ACCUMULATING pane (Q6, `--corrected-q6`).
+ACCUMULATING_PANE_QUERIES = (6,)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NATIVE_RUNNERS = {'spark': NATIVE_SPARK, 'flink': NATIVE_FLINK}
 
@@ -114,6 +123,13 @@ def reference_for(query: int, reference: str) -> str:
     if reference == 'DirectRunner' and query in MERGING_WINDOW_QUERIES:
         return 'BundleBasedDirectRunner'
     return reference
+
+
+def batch_reference(reference: str, streaming: bool) -> bool:
+    """Whether the reference `reference` runs in batch although the tested run streams:
+    the BundleBasedDirectRunner cannot run the unbounded source (its splittable DoFn fails
+    with `... was not replaced as expected`), so it reads the bounded one, same events."""
+    return streaming and reference == 'BundleBasedDirectRunner'
 
 
 def make_runner(name: str) -> Any:
@@ -296,11 +312,13 @@ def _bundle_file_writer(prefix: str) -> Any:
 
 def run_query(query: int, runner: Any, config: NexmarkConfig,
               args: Sequence[str] = (), work_dir: str | None = None,
-              streaming: bool = False, rate: float | None = None) -> RunResult:
+              streaming: bool = False, rate: float | None = None,
+              corrected_q6: bool = False) -> RunResult:
     """Run Beam's query `query` on `runner` in this process; capture its sorted output.
 
     `streaming`: read the unbounded source (at `rate` events/s, None = as fast as
-    possible) and run with Beam's `--streaming` option.
+    possible) and run with Beam's `--streaming` option. `corrected_q6`: Q6 is
+    `query6_corrected` (Beam's query fails on every runner).
     Failures (e.g. Beam's Q6 negating a Timestamp, a runner that cannot stream) are
     caught and reported in the result.
     """
@@ -320,7 +338,8 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
     try:
         nexmark_util.setup_coder()
         module = importlib.import_module(
-            f'apache_beam.testing.benchmarks.nexmark.queries.query{query}')
+            'benchmarks.nexmark.query6_corrected' if query == 6 and corrected_q6
+            else f'apache_beam.testing.benchmarks.nexmark.queries.query{query}')
         streaming_args = ['--streaming'] if streaming else []
         options = PipelineOptions(list(COMMON_ARGS) + streaming_args + list(args))
         with beam.Pipeline(runner=runner, options=options) as p:
@@ -390,6 +409,7 @@ def _run_one(argv: Sequence[str]) -> int:
     parser.add_argument('--lines', required=True, help='sorted output lines file')
     parser.add_argument('--streaming', action='store_true')
     parser.add_argument('--rate', type=float, default=None)
+    parser.add_argument('--corrected-q6', action='store_true')
     known, rest = parser.parse_known_args(argv)
     config, rest = NexmarkConfig.from_args(rest)
     try:
@@ -398,7 +418,8 @@ def _run_one(argv: Sequence[str]) -> int:
         else:
             runner = make_runner(known.runner)
             result = run_query(known.query, runner, config, rest,
-                               streaming=known.streaming, rate=known.rate)
+                               streaming=known.streaming, rate=known.rate,
+                               corrected_q6=known.corrected_q6)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         result = RunResult(known.query, known.runner, config.num_events, ok=False,
@@ -583,6 +604,36 @@ def arrival_order_verdict(query: int, tested: list[str], reference: list[str],
         f'AfterCount(30) panes release depends on the order elements arrive in')
 
 
+def accumulating_panes_verdict(tested: list[str], reference: list[str]
+                               ) -> tuple[str, str] | None:
+    """For a streaming Q6 (`--corrected-q6`) whose output differs from a batch reference
+    (one line per seller: its mean after all its winning bids): if, to the millisecond,
+    every reference line is among the tested lines and the tested lines name no other
+    seller, ('no (accumulating panes)', why); else None.
+
+    Streaming fires `Repeatedly(AfterCount(1))` as the winning bids arrive, each
+    ACCUMULATING pane giving the mean so far, so a seller has a line per pane and its last
+    pane is the batch line; which other panes there are depends on arrival order.
+    """
+    def seller(line: str) -> Any:
+        return ast.literal_eval(line.split('\t', 1)[0])['seller']
+
+    tested, reference = truncate_to_millis(tested), truncate_to_millis(reference)
+    try:
+        by_seller = collections.Counter(seller(line) for line in reference)
+        tested_sellers = {seller(line) for line in tested}
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return None
+    if (any(n != 1 for n in by_seller.values()) or tested_sellers != set(by_seller)
+            or not set(reference) <= set(tested)):
+        return None
+    return 'no (accumulating panes)', (
+        f'every seller\'s batch line (its mean after all its winning bids) is one of its '
+        f'streaming panes, and no other seller appears: {len(tested)} panes for '
+        f'{len(by_seller)} sellers here, one line per seller in the batch reference; which '
+        'earlier panes there are depends on the order the winning bids arrive in')
+
+
 def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
                      config: NexmarkConfig, streaming: bool = False) -> tuple[str, str]:
     """(`yes`/`no`/`failed: reason`, note) for `tested` against `reference`.
@@ -616,6 +667,10 @@ def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
         return 'no (equal to the ms)', note
     if streaming and query in ARRIVAL_ORDER_QUERIES:
         verdict = arrival_order_verdict(query, tested.lines, ref_lines, config)
+        if verdict is not None:
+            return verdict
+    if streaming and query in ACCUMULATING_PANE_QUERIES:
+        verdict = accumulating_panes_verdict(tested.lines, ref_lines)
         if verdict is not None:
             return verdict
     return 'no', '; '.join(p for p in (note, comparison.summary()) if p)
@@ -671,6 +726,8 @@ NOTES = """\
   agree exactly.
 * **Q6** fails on every runner: Beam's `query6` negates a `Timestamp`
   (`TypeError: bad operand type for unary -`); it is reported as failing, not skipped.
+  With `--corrected-q6` it runs `benchmarks/nexmark/query6_corrected.py` instead: Beam's
+  query with the sort key negating the bid time in micros, nothing else changed.
 * **Q10** writes its log files through a stub (`open_writable_gcs_file` does nothing) and
   its last step emits nothing, so its output is empty on every runner.
 * **Q12** fires on processing time (`Repeatedly(AfterProcessingTime)`, discarding panes):
@@ -711,7 +768,14 @@ STREAMING_NOTES = """* **Streaming** (`--streaming`): Beam runs read the unbound
   merging window) and not Q12 (processing-time trigger, checked against the generator
   oracle). The BundleBasedDirectRunner cannot run a splittable DoFn in streaming at all
   (`Transform node ...ProcessKeyedElements/GroupByKey... was not replaced as expected`),
-  so Q4/Q9 have no streaming reference.
+  so where it is the reference (Q4/Q6/Q9) it runs in batch over the same events, marked
+  "reference (batch)": a streaming runner must give the same windows, elements and
+  timestamps (to the ms) for Q4/Q9, whose panes fire on the watermark only.
+* **Q6 in streaming** (`--corrected-q6`): `Repeatedly(AfterCount(1))` with ACCUMULATING
+  panes emits the moving mean each time a seller's winning bids arrive; the batch
+  reference fires once per seller. When every batch line is one of the seller's streaming
+  panes (its last) and no other seller appears, it is reported as "no (accumulating
+  panes)".
 * **Q3 in streaming**: its `Repeatedly(AfterCount(30))` panes hold whichever 30 elements
   of a seller arrived first, so a streaming runner's output depends on arrival order;
   when it differs from the reference, both are checked to be duplicate-free parts of the
@@ -861,6 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
                              '(default: as fast as possible)')
     parser.add_argument('--timeout', type=float, default=3600.0,
                         help='seconds per run before it counts as failed')
+    parser.add_argument('--corrected-q6', action='store_true',
+                        help='run Q6 as query6_corrected (Beam\'s query with its Timestamp '
+                             'negation fixed) instead of Beam\'s, which fails everywhere')
     return parser
 
 
@@ -889,9 +956,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan: list[tuple[int, str, list[str]]] = []
     for q in queries:
-        plan.append((q, args.runner, stream_args + runner_args))
-        if args.compare and reference_for(q, args.compare) != args.runner:
-            plan.append((q, reference_for(q, args.compare), list(stream_args)))
+        q6_args = ['--corrected-q6'] if q == 6 and args.corrected_q6 else []
+        plan.append((q, args.runner, stream_args + runner_args + q6_args))
+        ref_runner = reference_for(q, args.compare) if args.compare else None
+        if ref_runner is not None and ref_runner != args.runner:
+            ref_mode = [] if batch_reference(ref_runner, args.streaming) else stream_args
+            plan.append((q, ref_runner, list(ref_mode) + q6_args))
         if 'spark' in args.native and q in NATIVE_QUERIES:
             plan.append((q, NATIVE_SPARK,
                          [a for a in runner_args if a.startswith('--spark_master=')]))
@@ -921,14 +991,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reference = None
         if args.compare and reference is not None:
             equal, note = equality_verdict(q, tested, reference, config, args.streaming)
+            if batch_reference(reference.runner, args.streaming):
+                note = '; '.join(p for p in (f'reference: {reference.runner} in batch (it '
+                                              'cannot run the unbounded source)', note) if p)
         elif args.compare is None and q in PROCESSING_TIME_QUERIES:
             equal, note = equality_verdict(q, tested, None, config, args.streaming)
         else:
             equal, note = ('failed: ' + tested.error if not tested.ok else '-'), ''
         rows.append(make_row(tested, equal, note))
         if reference is not None:
-            rows.append(make_row(reference, 'reference' if reference.ok
-                                 else f'failed: {reference.error}'))
+            rows.append(make_row(reference, ('reference' if reference.ok
+                                             else f'failed: {reference.error}')
+                                 + (' (batch)' if batch_reference(reference.runner,
+                                                                  args.streaming) else '')))
         for native_runner in (NATIVE_SPARK, NATIVE_FLINK):
             native = results.get((q, native_runner))
             if native is None or args.runner == native_runner:
