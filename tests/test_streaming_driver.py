@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import apache_beam as beam
+from apache_beam.testing import test_stream
 from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
@@ -127,3 +128,58 @@ def test_partitions_move_between_python_workers(tmp_path):
                    if line.startswith(('direct ', 'spark ')))
     assert outputs['direct'] != '[]'
     assert outputs['spark'] == outputs['direct']
+
+
+class _ShrinkingMergeWindows(window.WindowFn):
+    """'long' elements get [t, t+100), 'short' ones [t, t+10); a short window absorbs
+    the long windows starting inside it, so the merge result ends before them (as
+    NEXMark's AuctionOrBidWindowFn merges bid windows into their auction's)."""
+
+    def assign(self, context):
+        size = 10 if context.element[1] == 'short' else 100
+        return [window.IntervalWindow(context.timestamp, context.timestamp + size)]
+
+    def merge(self, merge_context):
+        windows = list(merge_context.windows)
+        for short in [w for w in windows if w.end - w.start == 10]:
+            absorbed = [w for w in windows
+                        if w.end - w.start == 100 and short.start <= w.start < short.end]
+            if absorbed:
+                merge_context.merge([*absorbed, short], short)
+
+    def get_window_coder(self):
+        return beam.coders.coders.IntervalWindowCoder()
+
+
+def test_merged_window_pane_is_timestamped_at_its_own_end(tmp_path, spark_session):
+    """The window merged away arrived an epoch earlier: its end-of-window hold must not
+    survive the merge (Beam 2.77's trigger driver clears it after moving it)."""
+    stream = (test_stream.TestStream()
+              .add_elements([window.TimestampedValue(('k', 'long'), 1)])
+              .add_elements([window.TimestampedValue(('k', 'short'), 0)])
+              .advance_watermark_to_infinity())
+    lines = run_streaming(lambda p: (
+        p | stream | beam.WindowInto(_ShrinkingMergeWindows()) | beam.GroupByKey()
+        | beam.MapTuple(lambda k, vs: sorted(vs))), StreamsSparkRunner(),
+        str(tmp_path / 'out'), SPARK_ARGS)
+    assert [line.split(' ')[:4] for line in lines] == [
+        ["['long',", "'short']", '[0.0,', '10.0)']]
+    assert lines[0].split(' ')[4] == '9999'
+
+
+def test_processing_time_panes_fire_when_the_input_ends(tmp_path, spark_session):
+    """At watermark +inf processing time runs out too: a TestStream that never moves
+    processing time still ends, with the pending pane. (Beam's DirectRunner spins
+    forever on this pipeline, so the expected pane is written out.)"""
+    lines = run_streaming(lambda p: (
+        p | test_stream.TestStream()
+        .add_elements([window.TimestampedValue(('k', i), i) for i in range(3)])
+        .advance_watermark_to_infinity()
+        | beam.WindowInto(window.GlobalWindows(),
+                          trigger=trigger.Repeatedly(trigger.AfterProcessingTime(10)),
+                          accumulation_mode=trigger.AccumulationMode.DISCARDING)
+        | beam.GroupByKey()
+        | beam.MapTuple(lambda k, vs: (k, len(list(vs))))), StreamsSparkRunner(),
+        str(tmp_path / 'out'), SPARK_ARGS)
+    assert [line.split(' ')[0] for line in lines] == ["('k',"]
+    assert lines[0].startswith("('k', 3) GlobalWindow")

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from apache_beam.internal.cloudpickle import cloudpickle
 from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
-from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.timeutil import DependsOnlyOnWindow, TimeDomain
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
-from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from sortedcontainers import SortedList
 
 from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
@@ -150,6 +150,28 @@ class GroupByKeyOperator(_GroupingOperator):
         return out
 
 
+class _StreamingTriggerDriver(trigger.GeneralTriggerDriver):
+    """What `trigger.create_trigger_driver` gives in streaming, with one Beam bug fixed.
+
+    Beam 2.77's `process_elements` clears the watermark hold of a merged-away window
+    after `MergeableStateAdapter.merge` has moved that window's state ids to the merge
+    result, so the clear does nothing: a hold set by an earlier bundle stays in the
+    result. With a timestamp combiner that depends only on the window (END_OF_WINDOW,
+    the default; holds combined by max), a window merged into a result that ends
+    before it (NEXMark's `AuctionOrBidWindowFn`: bid windows into their auction's)
+    then gives the pane a timestamp past the end of its own window. Such a combiner's
+    output time is the merged window's end, whatever the holds say.
+    """
+
+    def _output(self, window, finished, state, output_watermark, maybe_ontime):
+        pane = super()._output(window, finished, state, output_watermark, maybe_ontime)
+        if isinstance(self.timestamp_combiner_impl, DependsOnlyOnWindow):
+            end = self.timestamp_combiner_impl.assign_output_time(window, None)
+            if pane.timestamp != end:
+                pane = WindowedValue(pane.value, end, pane.windows, pane.pane_info)
+        return pane
+
+
 class EpochClock:
     """Processing time as the streaming driver sets it for an epoch (Beam's clock API)."""
 
@@ -183,7 +205,7 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
         super().__init__(*args, **kwargs)
         self._lateness = self._windowing.allowed_lateness.micros
         self.clock = EpochClock()
-        self._driver = trigger.create_trigger_driver(self._windowing, clock=self.clock)
+        self._driver = _StreamingTriggerDriver(self._windowing, self.clock)
         self._keys: dict[bytes, tuple[object, trigger.InMemoryUnmergedState]] = {}
         self._indexed: dict[bytes, tuple[int | None, int | None, int | None]] = {}
         self._event_due: SortedList = SortedList()  # (earliest event-time timer, key)
@@ -259,6 +281,14 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
     def on_input_watermark(self, watermark: int) -> list[Record]:
         out = _Output(self._output_coder, self._output_id, self._bundle_size)
         self._fire(self._event_due, watermark, out)
+        if watermark >= MAX_WATERMARK:
+            # The input has ended, so processing time runs out too, as for the timers of
+            # `par_do.FusedStageOperator` and in the batch GroupByKey
+            # (`_process_entire_key`): no pane waits for the wall clock (or, under a
+            # TestStream, for a processing-time advance that never comes).
+            self.clock.micros = MAX_WATERMARK
+            self._fire(self._clock_due, MAX_WATERMARK, out)
+            self._fire(self._event_due, MAX_WATERMARK, out)
         self._expire(watermark)
         return out.records()
 

@@ -661,8 +661,9 @@ def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
                           if p))
     if comparison.equal:
         return 'yes', note
-    if compare_outputs(truncate_to_millis(deterministic_lines(query, tested.lines)),
-                       truncate_to_millis(ref_lines)).equal:
+    to_the_ms = compare_outputs(truncate_to_millis(deterministic_lines(query, tested.lines)),
+                                truncate_to_millis(ref_lines))
+    if to_the_ms.equal:
         note = '; '.join(p for p in (note, MS_NOTE, comparison.summary(1)) if p)
         return 'no (equal to the ms)', note
     if streaming and query in ARRIVAL_ORDER_QUERIES:
@@ -673,6 +674,10 @@ def equality_verdict(query: int, tested: RunResult, reference: RunResult | None,
         verdict = accumulating_panes_verdict(tested.lines, ref_lines)
         if verdict is not None:
             return verdict
+    if len(to_the_ms.only_in_tested) < len(comparison.only_in_tested):
+        # Sub-ms timestamps (a BundleBasedDirectRunner reference) differ on every
+        # windowed line: show what differs to the millisecond.
+        return 'no', '; '.join(p for p in (note, 'to the ms: ' + to_the_ms.summary()) if p)
     return 'no', '; '.join(p for p in (note, comparison.summary()) if p)
 
 
