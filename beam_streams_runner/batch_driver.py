@@ -22,7 +22,7 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.rdd import RDD
 
 from beam_streams_runner import tasks
-from beam_streams_runner.errors import pipeline_error_from_spark
+from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan, _kv_key_coder_id
 from beam_streams_runner.translators.flatten import flattened
@@ -54,6 +54,7 @@ class BatchDriver:
     def cancel(self) -> None:
         self.sc.cancelJobGroup(self.run_id)
 
+    @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
         sc.setJobGroup(self.run_id, 'Beam pipeline (StreamsSparkRunner)', interruptOnCancel=True)
@@ -69,11 +70,6 @@ class BatchDriver:
                     s.display_name for s in self.plan.stages if self._uses[s.name] == 0)[:900])
                 self._on_progress('running the pipeline')
                 final.foreach(discard)
-        except Exception as exc:
-            error = pipeline_error_from_spark(exc)
-            if error is exc:
-                raise
-            raise error from None
         finally:
             reissue(self.warnings.value)
             for rdd in self._stage_rdds.values():

@@ -10,8 +10,10 @@ program sees the step and the user's traceback, not a Java stack trace.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import traceback
+from collections.abc import Iterator
 
 _STEP_PATTERN = re.compile(r"while running '([^']*)'")
 _MARKER = 'StageExecutionError: '
@@ -47,6 +49,18 @@ class StageExecutionError(StreamsSparkRunnerError):
 
 class PipelineExecutionError(StreamsSparkRunnerError):
     """The pipeline failed while running; the message names the Beam step."""
+
+
+@contextlib.contextmanager
+def spark_failures_as_pipeline_errors() -> Iterator[None]:
+    """Re-raises a failed Spark action as the error the user should see (both drivers)."""
+    try:
+        yield
+    except Exception as exc:
+        error = pipeline_error_from_spark(exc)
+        if error is exc:
+            raise
+        raise error from None
 
 
 def pipeline_error_from_spark(exc: BaseException) -> BaseException:

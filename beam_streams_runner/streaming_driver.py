@@ -47,7 +47,7 @@ from beam_streams_runner.epoch_tasks import (
     ReportsAccumulator,
     SideInputsView,
 )
-from beam_streams_runner.errors import pipeline_error_from_spark
+from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
@@ -96,6 +96,7 @@ class StreamingDriver:
         self._cancelled.set()
         self.sc.cancelJobGroup(self.run_id)
 
+    @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
         sc.setJobGroup(self.run_id, 'Beam streaming pipeline (StreamsSparkRunner)',
@@ -133,11 +134,6 @@ class StreamingDriver:
                         'StreamsSparkRunner streaming driver: nothing can make progress '
                         '(no source residuals, timers or TestStream events left) but the '
                         f'watermarks of {stuck} are not at +inf.')
-        except Exception as exc:
-            error = pipeline_error_from_spark(exc)
-            if error is exc:
-                raise
-            raise error from None
         finally:
             reissue(self.warnings.value)
             shutil.rmtree(state_dir, ignore_errors=True)

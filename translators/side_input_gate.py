@@ -104,8 +104,8 @@ class SideInputGate:
             key = key_coder.encode_nested(value.value[0]) if key_coder is not None else None
             windows = value.windows
             for window in windows:
-                single = raw if len(windows) == 1 else _encoded(
-                    coder, WindowedValue(value.value, value.timestamp, (window,), value.pane_info))
+                single = raw if len(windows) == 1 else coder.encode_nested(
+                    WindowedValue(value.value, value.timestamp, (window,), value.pane_info))
                 requests = {window: [
                     (side, coder_impl.encode(side_window), side_window.max_timestamp().micros)
                     for side, (mapping_fn, coder_impl) in self._sides.items()
@@ -143,9 +143,3 @@ class SideInputGate:
     def restore_state(self, state: Mapping[bytes, bytes]) -> None:
         if _STATE_KEY in state:
             self.graph = pickler.loads(state[_STATE_KEY], enable_trace=False)
-
-
-def _encoded(coder, value) -> bytes:
-    stream = create_OutputStream()
-    coder.encode_to_stream(value, stream, True)
-    return stream.get()
