@@ -128,8 +128,8 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                         spec.step_name, grouping.process_bundle, [(input_id, payload)])
                     yield from _each(operator.process_bundle, _admitted(gate, grouped))
                 else:
-                    for admitted in _admitted(gate, [(input_id, payload)]):
-                        yield from operator.process_bundle([admitted])
+                    yield from _each(operator.process_bundle,
+                                     _admitted(gate, [(input_id, payload)]))
             # Every upstream partition sent its watermark after its data. A partition
             # that heard no channel reads only residuals the driver fed back; their
             # own watermarks hold its output (below).
