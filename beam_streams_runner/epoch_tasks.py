@@ -7,7 +7,9 @@ partition:
    stateful ones (GroupByKey buffers and triggers, stateful DoFns' keyed state
    and timers) come from `PartitionOperatorCache` at version epoch-1;
 2. runs the epoch's bundles through them (SDF residuals the driver fed back
-   are bundles too);
+   are bundles too); a stage reading a source then reads on, bundle after
+   bundle, for the epoch's read budget (`read_on`), so that an epoch is one
+   Spark job however small the bundles are;
 3. collects the `Punctuation`s of its input channels: every upstream partition
    sends its watermark after the data it produced this epoch, so once the
    input is consumed the input watermark is the minimum over all channels;
@@ -22,6 +24,7 @@ partition:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -52,6 +55,8 @@ class EpochInfo:
     holds: dict[str, int]  # stage -> watermark hold of residuals the driver kept back
     state_dir: str
     bundle_time_ms: int
+    read_budget_ms: int  # how long a source stage's task reads on (see `read_on`)
+    keyed_state_gc: bool = True
 
 
 class PartitionReport(NamedTuple):
@@ -59,6 +64,7 @@ class PartitionReport(NamedTuple):
     residuals: list[Residual]
     next_processing_time: int | None
     sizes: dict[tuple[str, str], int]  # (Beam step, gauge name) -> live count here
+    read_s: float = 0.0  # seconds a source stage's task spent reading (its input and on)
 
 
 class ReportsAccumulator(AccumulatorParam):
@@ -86,12 +92,16 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
     """Runs partition `index` of an SDK stage for one epoch."""
     plan: WorkerPlan = plan_bc.value
     epoch: EpochInfo = epoch_bc.value
+    started = time.monotonic()
+    deadline = started + epoch.read_budget_ms / 1000.0
     runtime = plan.runtime()
     stage = plan.stages[stage_name]
 
     def new_stage_operator() -> FusedStageOperator:
-        return FusedStageOperator(runtime, stage, {}, plan.bundle_size, streaming=True,
-                                  bundle_time_ms=epoch.bundle_time_ms)
+        created = FusedStageOperator(runtime, stage, {}, plan.bundle_size, streaming=True,
+                                     bundle_time_ms=epoch.bundle_time_ms)
+        created.keyed_state_gc = epoch.keyed_state_gc
+        return created
 
     grouping = None
     if grouping_input is not None:
@@ -102,6 +112,7 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 runtime.coder_impl(spec.key_coder_id),
                 runtime.context.windowing_strategies.get_by_id(spec.windowing_strategy_id),
                 grouping_input, plan.bundle_size))
+        grouping.keyed_state_gc = epoch.keyed_state_gc
     if stage.stateful:
         operator = _load(epoch, f'stage-{stage.index}/partition-{index}', new_stage_operator)
         operator.residuals = []  # the driver took the last epoch's residuals already
@@ -130,6 +141,10 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 else:
                     yield from _each(operator.process_bundle,
                                      _admitted(gate, [(input_id, payload)]))
+            read_s = 0.0
+            if operator.reads_source:
+                yield from read_on(operator, deadline)
+                read_s = time.monotonic() - started
             # Every upstream partition sent its watermark after its data. A partition
             # that heard no channel reads only residuals the driver fed back; their
             # own watermarks hold its output (below).
@@ -158,7 +173,8 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
               if t is not None]
     reports_acc.add({(epoch.number, stage_name, index): PartitionReport(
         output_watermark, operator.residuals, min(timers) if timers else None,
-        _sizes(stage, operator, grouping, spec.step_name if grouping else None, gate))})
+        _sizes(stage, operator, grouping, spec.step_name if grouping else None, gate),
+        read_s)})
     if grouping is not None:
         PartitionOperatorCache.commit(
             epoch.state_dir, f'stage-{stage.index}/group-{index}', epoch.number, grouping)
@@ -168,6 +184,34 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
     if gate is not None:
         PartitionOperatorCache.commit(
             epoch.state_dir, f'stage-{stage.index}/gate-{index}', epoch.number, gate)
+
+
+def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
+    """Reads the residuals of a source stage's restrictions on, one bundle each in
+    turn, while one is due at once and `deadline` (time.monotonic()) is not reached.
+
+    A residual due now means backlog (a runner checkpoint after a full bundle, or
+    an input element not read yet); one due later is a source waiting for data (a
+    self-checkpoint with a resume delay): it goes back to the driver, so a paced
+    source ends the epoch early and the epoch's length follows the load. What is
+    left when the budget runs out also goes back, with its remaining delay.
+    """
+    now = time.monotonic()
+    pending = [(now + r.resume_delay_s, r) for r in operator.residuals]
+    operator.residuals = []
+    while pending and now < deadline:
+        # Earliest due first: a residual that just ran queues behind the others.
+        pending.sort(key=lambda item: item[0])
+        due_at, residual = pending[0]
+        if due_at > now:
+            break
+        del pending[0]
+        yield from operator.process_bundle([(residual.input_id, residual.element)])
+        now = time.monotonic()
+        pending.extend((now + r.resume_delay_s, r) for r in operator.residuals)
+        operator.residuals = []
+    operator.residuals = [r._replace(resume_delay_s=max(0.0, due_at - now))
+                          for due_at, r in pending]
 
 
 def _sizes(stage, operator: FusedStageOperator, grouping, grouping_step: str | None,

@@ -2,9 +2,10 @@
 
 `StreamsSparkOptions` adds the runner's flags to Beam's `PipelineOptions`
 (`--spark_master`, `--spark_conf`, `--parallelism`, `--bundle_size`,
-`--bundle_time_ms`). `validate_streams_spark_options` checks them all at once
-and raises one `InvalidOptionsError` that lists every problem and its fix, so a
-user fixes a command line in one go instead of one flag per run.
+`--bundle_time_ms`, `--target_latency_ms`, `--no_keyed_state_gc`).
+`validate_streams_spark_options` checks them all at once and raises one
+`InvalidOptionsError` that lists every problem and its fix, so a user fixes a
+command line in one go instead of one flag per run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
 DEFAULT_SPARK_MASTER = 'local[*]'
 DEFAULT_BUNDLE_SIZE = 1000
 DEFAULT_BUNDLE_TIME_MS = 100
+DEFAULT_TARGET_LATENCY_MS = 1000
 _UNSET_PARALLELISM = -1  # FlinkRunnerOptions' default for the shared --parallelism flag
 
 # local, local[N], local[*], local[N,F], local[*,F] (F = max task failures).
@@ -94,6 +96,24 @@ class StreamsSparkOptions(PipelineOptions):
             help=('Maximum time in milliseconds a source spends filling one bundle '
                   '(streaming): a bundle closes after bundle_size elements or '
                   f'bundle_time_ms, whichever comes first. Default: {DEFAULT_BUNDLE_TIME_MS}.'))
+        parser.add_argument(
+            '--target_latency_ms',
+            type=int,
+            default=DEFAULT_TARGET_LATENCY_MS,
+            help=('Streaming: the latency goal in milliseconds. Each epoch (one Spark job '
+                  'over the whole pipeline) reads its sources bundle after bundle for as '
+                  'long as the goal allows once the measured cost of the epoch itself is '
+                  'taken off, so small bundles do not mean small Spark jobs; a larger goal '
+                  'means fewer, longer epochs and more throughput. Default: '
+                  f'{DEFAULT_TARGET_LATENCY_MS}.'))
+        parser.add_argument(
+            '--no_keyed_state_gc',
+            dest='keyed_state_gc',
+            action='store_false',
+            default=True,
+            help=('Keep the keyed state of expired windows instead of garbage-collecting '
+                  'it through the ordered expiry index. Memory then grows with every key '
+                  'ever seen: only for comparison benchmarks.'))
 
 
 def configured_parallelism(options: PipelineOptions) -> int | None:
@@ -155,13 +175,14 @@ def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOpti
     if not isinstance(master, str) or not is_valid_spark_master(master.strip()):
         problems.append(f'--spark_master={master!r} is not a Spark master URL; use one of '
                         f'{_MASTER_FORMS}.')
-    for name in ('bundle_size', 'bundle_time_ms', 'parallelism'):
+    for name in ('bundle_size', 'bundle_time_ms', 'target_latency_ms', 'parallelism'):
         value = getattr(opts, name)
         if name == 'parallelism' and configured_parallelism(opts) is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             hint = {'bundle_size': f'(default {DEFAULT_BUNDLE_SIZE})',
                     'bundle_time_ms': f'(default {DEFAULT_BUNDLE_TIME_MS})',
+                    'target_latency_ms': f'(default {DEFAULT_TARGET_LATENCY_MS})',
                     'parallelism': "(or leave it out to use Spark's defaultParallelism)"}[name]
             problems.append(f'--{name}={value!r} must be a positive integer {hint}.')
     conf = opts.spark_conf

@@ -80,7 +80,9 @@ class StreamsSparkRunner(PipelineRunner):
                     bundle_size=spark_options.bundle_size,
                     bundle_time_ms=spark_options.bundle_time_ms,
                     num_partitions=spark_parallelism(options),
-                    on_progress=_log_progress)
+                    on_progress=_log_progress,
+                    target_latency_ms=spark_options.target_latency_ms,
+                    keyed_state_gc=spark_options.keyed_state_gc)
             else:
                 driver = BatchDriver(
                     spark.sparkContext, plan,

@@ -5,9 +5,18 @@ watermarks in band (`records.Punctuation`, see `epoch_tasks`). Between epochs
 the driver keeps what belongs to the sources: the residual restrictions of
 every splittable DoFn (with their resume times and watermark holds), the events
 of a TestStream still to play, and the processing-time clock. In an epoch every
-restriction that is due is read for one source bundle (at most `bundle_size`
-elements or `bundle_time_ms`); what is left comes back as a residual. Stateful
-operators live in their partitions across epochs (`partition_cache`).
+restriction that is due is read bundle after bundle (each at most `bundle_size`
+elements or `bundle_time_ms`) for the epoch's read budget; what is left comes
+back as a residual. Stateful operators live in their partitions across epochs
+(`partition_cache`).
+
+Adaptive epochs: an epoch costs a fixed part (scheduling, shuffles, state) on
+top of its reading. The driver measures that part after every epoch and gives
+the next one the read budget `target_latency_ms` minus it (at least a quarter
+of the goal), so an element waits about one epoch: its reading, then the rest
+of the job. A source with no backlog hands its restriction back early (see
+`epoch_tasks.read_on`), so under a light load epochs get short and latency low;
+under a heavy load they get as long as the goal allows and throughput high.
 
 The pipeline ends when every stage partition reports the output watermark +inf
 and no residual or TestStream event is left; a TestStream plays one event per
@@ -23,6 +32,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -60,17 +70,24 @@ from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
 
 _LOGGER = logging.getLogger(__name__)
 _IDLE_WAIT_S = 1.0  # longest sleep when nothing is due, so cancel() stays prompt
+_MIN_READ_SHARE = 0.25  # the read budget never falls below this share of the latency goal
+_OVERHEAD_SMOOTHING = 0.5  # weight of the newest epoch in the measured fixed cost
 
 
 class StreamingDriver:
     def __init__(self, sc: SparkContext, plan: PipelinePlan, bundle_size: int,
                  bundle_time_ms: int, num_partitions: int | None = None,
-                 on_progress: Callable[[str], None] | None = None) -> None:
+                 on_progress: Callable[[str], None] | None = None,
+                 target_latency_ms: int = 1000, keyed_state_gc: bool = True) -> None:
         self.sc = sc
         self.plan = plan
         self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
         self.num_partitions = num_partitions or sc.defaultParallelism
         self.bundle_time_ms = bundle_time_ms
+        self.target_latency_ms = target_latency_ms
+        self.keyed_state_gc = keyed_state_gc
+        self.read_budget_ms = max(1, int(target_latency_ms * _MIN_READ_SHARE))
+        self._epoch_overhead_s: float | None = None
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self.reports = sc.accumulator({}, ReportsAccumulator())
@@ -154,7 +171,9 @@ class StreamingDriver:
                 holds[stage_name] = min(r.watermark for r, _ in kept)
         epoch_bc = sc.broadcast(EpochInfo(
             number=epoch, processing_time=clock, holds=holds, state_dir=state_dir,
-            bundle_time_ms=self.bundle_time_ms))
+            bundle_time_ms=self.bundle_time_ms, read_budget_ms=self.read_budget_ms,
+            keyed_state_gc=self.keyed_state_gc))
+        started = time.monotonic()
         stage_rdds: dict[str, RDD | None] = {}
         collected: dict[bytes, bool] = {}
         try:
@@ -188,6 +207,7 @@ class StreamingDriver:
                    for (number, stage, index), report in self.reports.value.items()
                    if number == epoch}
         self.reports.value = {}
+        self._adapt_read_budget(time.monotonic() - started, reports)
         self._set_gauges(reports)
         for (stage_name, _), report in reports.items():
             for residual in report.residuals:
@@ -195,8 +215,21 @@ class StreamingDriver:
                 self._residuals.setdefault(stage_name, []).append((residual, resume_at))
         if epoch % 50 == 0 or not reports:
             self._on_progress(f'epoch {epoch}: output watermark '
-                              f'{min((r.output_watermark for r in reports.values()), default=0)}')
+                              f'{min((r.output_watermark for r in reports.values()), default=0)}'
+                              f', read budget {self.read_budget_ms} ms')
         return reports
+
+    def _adapt_read_budget(self, wall_s: float,
+                           reports: dict[tuple[str, int], PartitionReport]) -> None:
+        """The next epoch reads for the latency goal minus this run's fixed epoch cost."""
+        overhead = max(0.0, wall_s - max((r.read_s for r in reports.values()), default=0.0))
+        if self._epoch_overhead_s is None:
+            self._epoch_overhead_s = overhead
+        else:
+            self._epoch_overhead_s += _OVERHEAD_SMOOTHING * (overhead - self._epoch_overhead_s)
+        goal = self.target_latency_ms
+        self.read_budget_ms = int(min(goal, max(goal * _MIN_READ_SHARE,
+                                                goal - 1000 * self._epoch_overhead_s)))
 
     def _set_gauges(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
         """The runner's gauges: each count summed over the partitions of its step."""

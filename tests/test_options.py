@@ -26,6 +26,8 @@ def test_defaults():
     assert configured_parallelism(opts) is None
     assert opts.bundle_size == 1000
     assert opts.bundle_time_ms == 100
+    assert opts.target_latency_ms == 1000
+    assert opts.keyed_state_gc is True
 
 
 def test_values_are_parsed():
@@ -33,6 +35,8 @@ def test_values_are_parsed():
                      '--bundle_time_ms=20')
     assert (opts.spark_master, opts.parallelism, opts.bundle_size, opts.bundle_time_ms) == (
         'local[4]', 8, 5, 20)
+    opts = _validate('--target_latency_ms=250', '--no_keyed_state_gc')
+    assert (opts.target_latency_ms, opts.keyed_state_gc) == (250, False)
 
 
 def test_no_conflict_with_other_beam_options():
@@ -91,6 +95,7 @@ def test_valid_masters(master):
     ('--bundle_size=-5', 'bundle_size'),
     ('--bundle_time_ms=0', 'bundle_time_ms'),
     ('--bundle_time_ms=-1', 'bundle_time_ms'),
+    ('--target_latency_ms=0', 'target_latency_ms'),
     ('--parallelism=0', 'parallelism'),
     ('--parallelism=-2', 'parallelism'),
     ('--spark_conf=spark.driver.memory', 'spark_conf'),

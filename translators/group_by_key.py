@@ -213,6 +213,8 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
         self._holds: SortedList = SortedList()  # (earliest watermark hold, key)
         self._expiry = KeyedStateIndex()
         self._changed: set[bytes] = set()  # keys changed since the last state_delta
+        # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
+        self.keyed_state_gc = True
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -326,6 +328,8 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
                 self._reindex(encoded)
 
     def _expire(self, watermark: int) -> None:
+        if not self.keyed_state_gc:
+            return
         for encoded in self._expiry.candidates(watermark - self._lateness):
             latest = self._expiry.latest_window(encoded)
             if latest is None or latest + self._lateness >= watermark:

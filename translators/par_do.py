@@ -83,6 +83,8 @@ class FusedStageOperator(Operator):
         self.residuals: list[Residual] = []
         # Streaming side inputs: keys with pushed-back elements keep their state.
         self.has_pushed_back: Callable[[bytes], bool] = lambda key: False
+        # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
+        self.keyed_state_gc = True
         self.runtime = runtime
         self.stage = stage
         self.descriptor_id = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
@@ -129,7 +131,7 @@ class FusedStageOperator(Operator):
             if not due:
                 break
             outputs.extend(self._fire(due))
-        if self.stage.stateful:
+        if self.stage.stateful and self.keyed_state_gc:
             self.keyed_state.expire(watermark, self._allowed_lateness, self._is_pinned)
         return outputs
 
@@ -255,6 +257,11 @@ class FusedStageOperator(Operator):
         for input_id, elements in unread.items():
             self.residuals.extend(
                 Residual(input_id, element, 0.0, MIN_WATERMARK) for element in elements)
+
+    @property
+    def reads_source(self) -> bool:
+        """Whether a splittable DoFn (a source) reads this stage's input."""
+        return bool(self._splittable_inputs)
 
     def residual_hold(self) -> int:
         """The output watermark the residuals kept for later epochs allow."""

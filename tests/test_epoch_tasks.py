@@ -1,0 +1,49 @@
+"""`epoch_tasks.read_on`: how a source stage's task reads on within its read budget."""
+
+import time
+
+from beam_streams_runner.epoch_tasks import read_on
+from beam_streams_runner.translators.par_do import Residual
+
+
+class _ScriptedSource:
+    """Stands in for a source stage's operator: each bundle of a restriction emits one
+    record and leaves a residual (with the scripted delay) until it has run `lengths`."""
+
+    def __init__(self, lengths: dict[bytes, int], delays: dict[bytes, float]) -> None:
+        self.left = dict(lengths)
+        self.delays = delays
+        self.order: list[bytes] = []
+        self.residuals = [Residual('in', name, 0.0, 0) for name in lengths]
+
+    def process_bundle(self, bundle):
+        (_, name), = bundle
+        self.order.append(name)
+        self.left[name] -= 1
+        if self.left[name]:
+            self.residuals.append(Residual('in', name, self.delays.get(name, 0.0), 0))
+        return [('out', name)]
+
+
+def test_restrictions_take_turns_until_each_is_done():
+    source = _ScriptedSource({b'a': 3, b'b': 2}, {})
+    out = list(read_on(source, time.monotonic() + 60))
+    assert source.order == [b'a', b'b', b'a', b'b', b'a']
+    assert out == [('out', name) for name in source.order]
+    assert source.residuals == []
+
+
+def test_a_restriction_waiting_for_data_goes_back_to_the_driver():
+    source = _ScriptedSource({b'a': 3, b'paced': 3}, {b'paced': 30.0})
+    list(read_on(source, time.monotonic() + 60))
+    assert source.order == [b'a', b'paced', b'a', b'a']
+    (left,) = source.residuals
+    assert left.element == b'paced' and 29.0 < left.resume_delay_s <= 30.0
+
+
+def test_the_budget_ends_reading_and_keeps_what_is_left():
+    source = _ScriptedSource({b'a': 1000}, {})
+    list(read_on(source, time.monotonic() - 1))
+    assert source.order == []
+    assert [r.element for r in source.residuals] == [b'a']
+    assert source.residuals[0].resume_delay_s == 0.0
