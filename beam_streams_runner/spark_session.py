@@ -37,6 +37,8 @@ _DEFAULT_CONF = {
     # Same str/bytes hashes in every Python worker (Beam and PySpark partitioning
     # must agree across workers and re-runs).
     'spark.executorEnv.PYTHONHASHSEED': '0',
+    # Workers forked with Beam already imported (see worker_daemon).
+    'spark.python.daemon.module': 'beam_streams_runner.worker_daemon',
 }
 
 

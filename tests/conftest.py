@@ -122,13 +122,13 @@ def spark_args() -> list[str]:
 
 @pytest.fixture(scope='session')
 def spark_session():
-    """The SparkSession shared by every test (the runner reuses the active one)."""
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder
-               .master('local[2]')
-               .appName('beam-streams-runner-tests')
-               .config('spark.ui.showConsoleProgress', 'false')
-               .getOrCreate())
+    """The SparkSession shared by every test (the runner reuses the active one), started
+    the way the runner starts its own, so the tests run with the runner's defaults."""
+    from beam_streams_runner.spark_session import get_or_create_spark
+    session = get_or_create_spark(
+        PipelineOptions(['--spark_master=local[2]',
+                         '--spark_conf=spark.ui.showConsoleProgress=false']),
+        app_name='beam-streams-runner-tests')
     session.sparkContext.setLogLevel('ERROR')
     yield session
     # Left running: other test sessions in this process (conformance) reuse it,

@@ -103,13 +103,21 @@ def test_new_session_gets_the_options():
         conf = sc.getConf()
         seeds = sc.parallelize(range(2), 2).map(
             lambda _: os.environ.get('PYTHONHASHSEED')).collect()
+
+        def forked_from(_):
+            with open(f'/proc/{os.getppid()}/cmdline', 'rb') as f:
+                return f.read().split(b'\\0')[2].decode()
+
         print('RESULT', sc.master, sc.appName, sc.defaultParallelism,
               conf.get('spark.app.id.custom'), conf.get('spark.python.worker.reuse'),
-              ','.join(seeds), get_or_create_spark(opts, 'again') is spark)
+              ','.join(seeds), get_or_create_spark(opts, 'again') is spark,
+              sc.parallelize([0], 1).map(forked_from).first())
         spark.stop()
     ''')
     proc = subprocess.run([sys.executable, '-c', script], check=False, capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = [line for line in proc.stdout.splitlines() if line.startswith('RESULT')]
-    assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True'], proc.stdout
+    # Python workers fork from the runner's daemon, which imported Beam already.
+    assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True '
+                      'beam_streams_runner.worker_daemon'], proc.stdout
