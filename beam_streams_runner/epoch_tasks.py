@@ -173,7 +173,8 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
               if t is not None]
     reports_acc.add({(epoch.number, stage_name, index): PartitionReport(
         output_watermark, operator.residuals, min(timers) if timers else None,
-        _sizes(stage, operator, grouping, spec.step_name if grouping else None, gate),
+        _sizes(stage, operator, grouping,
+               spec.step_name if grouping is not None else None, gate),
         read_s)})
     if grouping is not None:
         PartitionOperatorCache.commit(
@@ -200,18 +201,21 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
     pending = [(now + r.resume_delay_s, r) for r in operator.residuals]
     operator.residuals = []
     while pending and now < deadline:
-        # Earliest due first: a residual that just ran queues behind the others.
-        pending.sort(key=lambda item: item[0])
-        due_at, residual = pending[0]
-        if due_at > now:
+        # The furthest-behind restriction first (lowest watermark, then earliest due):
+        # restrictions move on together, so the stage's watermark, their minimum, does
+        # not wait on one left behind while the others read ahead (keeping every key
+        # read ahead alive in downstream state).
+        due = [item for item in pending if item[0] <= now]
+        if not due:
             break
-        del pending[0]
+        item = min(due, key=lambda entry: (entry[1].watermark, entry[0]))
+        pending.remove(item)
+        residual = item[1]
         yield from operator.process_bundle([(residual.input_id, residual.element)])
         now = time.monotonic()
         pending.extend((now + r.resume_delay_s, r) for r in operator.residuals)
         operator.residuals = []
-    operator.residuals = [r._replace(resume_delay_s=max(0.0, due_at - now))
-                          for due_at, r in pending]
+    operator.residuals = [r._replace(resume_delay_s=max(0.0, at - now)) for at, r in pending]
 
 
 def _sizes(stage, operator: FusedStageOperator, grouping, grouping_step: str | None,
@@ -224,7 +228,7 @@ def _sizes(stage, operator: FusedStageOperator, grouping, grouping_step: str | N
         sizes[(grouping_step, 'timers')] = held['timers']
     step = stage.step_names[0] if stage.step_names else stage.name
     if stage.stateful:
-        sizes[(step, 'keyed_states')] = len(operator.keyed_state)
+        sizes[(step, 'keyed_states')] = operator.keyed_state.live_keys()
         sizes[(step, 'timers')] = len(operator.event_timers) + len(operator.processing_timers)
     if gate is not None:
         held = gate.graph.sizes()

@@ -43,13 +43,14 @@ class StreamsSparkPipelineResult(PipelineResult):
             self._run()
         except BaseException as exc:  # noqa: BLE001 - handed to wait_until_finish
             with self._lock:
-                if self._state != PipelineState.CANCELLED:
+                # A run cancelled while in a Spark job ends in that job's cancellation.
+                if self._state not in (PipelineState.CANCELLING, PipelineState.CANCELLED):
                     self._state = PipelineState.FAILED
                     self._error = exc
                     _LOGGER.error('Pipeline failed: %s', exc)
         else:
             with self._lock:
-                if self._state != PipelineState.CANCELLED:
+                if self._state not in (PipelineState.CANCELLING, PipelineState.CANCELLED):
                     self._state = PipelineState.DONE
         finally:
             self._on_done()

@@ -18,6 +18,13 @@ of the job. A source with no backlog hands its restriction back early (see
 `epoch_tasks.read_on`), so under a light load epochs get short and latency low;
 under a heavy load they get as long as the goal allows and throughput high.
 
+A stage whose inputs all come from finished stages and whose partitions all
+reported the output watermark +inf with nothing left (no residual, no timer)
+can never output again: it is finished and left out of later epochs (a bounded
+branch such as Impulse -> Create -> Reshuffle feeding a source's restrictions
+would otherwise rerun in every epoch); its consumers hear no channel of it,
+which leaves their input watermark to their other inputs.
+
 The pipeline ends when every stage partition reports the output watermark +inf
 and no residual or TestStream event is left; a TestStream plays one event per
 epoch, with processing time starting at 0 and moved only by its events, so a
@@ -104,6 +111,7 @@ class StreamingDriver:
         self._side_chunks: dict[bytes, list[bytes]] = {}
         self._side_watermarks: dict[bytes, int] = {}
         self._side_states: dict[str, Broadcast] = {}
+        self._finished_stages: set[str] = set()
 
     @property
     def job_group(self) -> str:
@@ -179,7 +187,9 @@ class StreamingDriver:
         try:
             for stage in self.plan.stages:
                 sc.setLocalProperty('callSite.short', stage.display_name[:200])
-                if stage.kind == 'test_stream':
+                if stage.name in self._finished_stages:
+                    rdd = None
+                elif stage.kind == 'test_stream':
                     rdd = self._test_stream_rdd(stage, steps.get(stage.name))
                 elif stage.kind == 'reshuffle':
                     rdd = self._reshuffled(stage, stage_rdds)
@@ -209,6 +219,7 @@ class StreamingDriver:
         self.reports.value = {}
         self._adapt_read_budget(time.monotonic() - started, reports)
         self._set_gauges(reports)
+        self._find_finished_stages(reports)
         for (stage_name, _), report in reports.items():
             for residual in report.residuals:
                 resume_at = clock + int(residual.resume_delay_s * 1e6)
@@ -230,6 +241,26 @@ class StreamingDriver:
         goal = self.target_latency_ms
         self.read_budget_ms = int(min(goal, max(goal * _MIN_READ_SHARE,
                                                 goal - 1000 * self._epoch_overhead_s)))
+
+    def _find_finished_stages(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
+        """Adds the stages that can never output again to `_finished_stages`."""
+        by_stage: dict[str, list[PartitionReport]] = collections.defaultdict(list)
+        for (stage_name, _), report in reports.items():
+            by_stage[stage_name].append(report)
+        for stage in self.plan.stages:  # in topological order: producers first
+            if stage.name in self._finished_stages or stage.kind == 'test_stream':
+                continue
+            buffers = [*stage.inputs.values(), *(b for b, _ in stage.side_inputs.values())]
+            if not all(producer.name in self._finished_stages
+                       for buffer_id in buffers for producer in self.plan.producers(buffer_id)):
+                continue
+            if stage.kind != 'reshuffle':
+                own = by_stage.get(stage.name)
+                if (not own or self._residuals.get(stage.name)
+                        or any(r.output_watermark < MAX_WATERMARK or r.residuals
+                               or r.next_processing_time is not None for r in own)):
+                    continue
+            self._finished_stages.add(stage.name)
 
     def _set_gauges(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
         """The runner's gauges: each count summed over the partitions of its step."""
@@ -313,8 +344,12 @@ class StreamingDriver:
                 _keyed_shuffle_fn(plan_bc, coder_id, key_coder_id, input_id)
             ).partitionBy(self.num_partitions, identity).values())
         if residuals:
+            # Slowest (lowest watermark) first: Spark's slices never shrink from the
+            # first to the last, so the restrictions furthest behind share a task with
+            # the fewest others and get the most of its read budget.
+            ordered = sorted(residuals, key=lambda r: r.watermark)
             inputs.append(sc.parallelize(
-                [(r.input_id, r.element) for r in residuals],
+                [(r.input_id, r.element) for r in ordered],
                 min(len(residuals), self.num_partitions)))
         source = inputs[0] if len(inputs) == 1 else sc.union(inputs)
         metrics, warnings, reports, name = self.metrics, self.warnings, self.reports, stage.name

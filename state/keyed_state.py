@@ -72,6 +72,10 @@ class KeyedStateIndex:
         self._order.remove((windows[0], key))
         return True
 
+    def keys(self):
+        """The keys with expiry windows (a view)."""
+        return self._windows_by_key.keys()
+
     def windows(self, key: bytes) -> list[int]:
         """The max timestamps of the windows `key` holds state in, ascending."""
         return list(self._windows_by_key.get(key, ()))
@@ -105,7 +109,12 @@ class KeyedStateStore:
         self._changed: set[bytes] | None = None  # keys changed, while tracking
 
     def __len__(self) -> int:
-        return len(set(self._cells) | set(self._ordered))
+        return len(self._cells.keys() | self._ordered.keys())
+
+    def live_keys(self) -> int:
+        """Keys holding anything: state cells, or expiry windows not yet collected (a key
+        whose cells the DoFn cleared stays in the index until its windows expire)."""
+        return len(self._cells.keys() | self._ordered.keys() | self.index.keys())
 
     def keys(self) -> set[bytes]:
         return set(self._cells) | set(self._ordered)

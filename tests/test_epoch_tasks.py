@@ -10,9 +10,12 @@ class _ScriptedSource:
     """Stands in for a source stage's operator: each bundle of a restriction emits one
     record and leaves a residual (with the scripted delay) until it has run `lengths`."""
 
-    def __init__(self, lengths: dict[bytes, int], delays: dict[bytes, float]) -> None:
+    def __init__(self, lengths: dict[bytes, int], delays: dict[bytes, float],
+                 steps: dict[bytes, int] | None = None) -> None:
         self.left = dict(lengths)
         self.delays = delays
+        self.steps = steps or {}  # how far a bundle moves the restriction's watermark
+        self.watermarks = dict.fromkeys(lengths, 0)
         self.order: list[bytes] = []
         self.residuals = [Residual('in', name, 0.0, 0) for name in lengths]
 
@@ -20,8 +23,10 @@ class _ScriptedSource:
         (_, name), = bundle
         self.order.append(name)
         self.left[name] -= 1
+        self.watermarks[name] += self.steps.get(name, 0)
         if self.left[name]:
-            self.residuals.append(Residual('in', name, self.delays.get(name, 0.0), 0))
+            self.residuals.append(Residual('in', name, self.delays.get(name, 0.0),
+                                           self.watermarks[name]))
         return [('out', name)]
 
 
@@ -31,6 +36,14 @@ def test_restrictions_take_turns_until_each_is_done():
     assert source.order == [b'a', b'b', b'a', b'b', b'a']
     assert out == [('out', name) for name in source.order]
     assert source.residuals == []
+
+
+def test_the_restriction_furthest_behind_reads_first():
+    source = _ScriptedSource({b'fast': 4, b'slow': 6}, {}, steps={b'fast': 10, b'slow': 4})
+    list(read_on(source, time.monotonic() + 60))
+    # slow catches up with fast (watermarks 10 vs 4, 8, 12) before fast reads again
+    assert source.order == [b'fast', b'slow', b'slow', b'slow', b'fast', b'slow', b'slow',
+                            b'fast', b'slow', b'fast']
 
 
 def test_a_restriction_waiting_for_data_goes_back_to_the_driver():

@@ -18,7 +18,7 @@ def _slow(x):
     return x
 
 
-def test_wait_with_duration_then_cancel():
+def test_wait_with_duration_then_cancel(caplog):
     p = beam.Pipeline(runner=StreamsSparkRunner(),
                       options=PipelineOptions(['--spark_master=local[2]', '--bundle_size=1']))
     _ = p | beam.Create(list(range(400))) | beam.Map(_slow)
@@ -29,6 +29,7 @@ def test_wait_with_duration_then_cancel():
     assert result.cancel() == PipelineState.CANCELLED
     assert result.state == PipelineState.CANCELLED
     assert result.wait_until_finish() == PipelineState.CANCELLED
+    assert not [r for r in caplog.records if 'Pipeline failed' in r.getMessage()]
 
 
 def test_done_state_and_waiting_twice():

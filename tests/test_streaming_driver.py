@@ -7,6 +7,7 @@ Outputs are compared with Beam's DirectRunner in streaming mode through
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import subprocess
 import sys
@@ -183,3 +184,31 @@ def test_processing_time_panes_fire_when_the_input_ends(tmp_path, spark_session)
         str(tmp_path / 'out'), SPARK_ARGS)
     assert [line.split(' ')[0] for line in lines] == ["('k',"]
     assert lines[0].startswith("('k', 3) GlobalWindow")
+
+
+def test_finished_stages_leave_later_epochs(tmp_path, spark_session, monkeypatch):
+    """PeriodicImpulse's bounded part (Impulse and the restriction's set-up) ends in the
+    first epoch while its reading goes on: later epochs no longer run those stages."""
+    from apache_beam.transforms.periodicsequence import PeriodicImpulse
+
+    from beam_streams_runner.streaming_driver import StreamingDriver
+    epochs = []  # (stages that reported, stages finished after that epoch)
+    find_finished = StreamingDriver._find_finished_stages
+
+    def recording(self, reports):
+        find_finished(self, reports)
+        epochs.append(({stage for stage, _ in reports}, set(self._finished_stages)))
+
+    monkeypatch.setattr(StreamingDriver, '_find_finished_stages', recording)
+    # Far enough ahead that the first epoch (workers starting) ends before the first firing.
+    start = Timestamp.now().micros // 1_000_000 + 8
+    lines = run_streaming(
+        lambda p: (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 2,
+                                       fire_interval=1)
+                   | beam.Map(lambda t: int(t) - start)),
+        StreamsSparkRunner(), str(tmp_path / 'out'), SPARK_ARGS)
+    assert sorted(int(line.split()[0]) for line in lines) == [0, 1]
+    assert len(epochs) >= 2 and epochs[0][1], 'the bounded part finishes in epoch 0'
+    for (_, finished), (ran, _) in itertools.pairwise(epochs):
+        assert not ran & finished, f'finished stages {ran & finished} ran again'
+    assert epochs[-1][1] == epochs[-1][1] | epochs[-2][0]

@@ -50,6 +50,7 @@ from beam_streams_runner.worker_runtime import WorkerRuntime
 _PROCESSING_TIME = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
 # "Split right after the current position": the smallest fraction trackers accept.
 _CHECKPOINT_FRACTION = 1e-9
+_WINDOW_END_CACHE_SIZE = 10_000
 _PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
 
@@ -439,6 +440,8 @@ class FusedStageOperator(Operator):
             coder = self._window_coders.get(transform_id)
             end = (coder.decode(window).max_timestamp().micros if coder is not None
                    else MAX_WATERMARK)
+            if len(self._window_ends) >= _WINDOW_END_CACHE_SIZE:
+                self._window_ends.clear()  # windows come and go: keep only recent ones
             self._window_ends[cache_key] = end
         return end
 

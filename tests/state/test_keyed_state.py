@@ -184,6 +184,7 @@ class KeyedStateStoreMachine(RuleBasedStateMachine):
     def agrees_with_model(self):
         assert self.store.keys() == self.model.keys()
         assert len(self.store) == len(self.model.keys())
+        assert self.store.live_keys() == len(self.model.keys() | set(self.model.windows))
         assert len(self.store.index) == len(self.model.windows)
         for key in self.store.keys() | set(self.model.windows):
             ws = self.model.windows.get(key)
