@@ -520,9 +520,9 @@ def _log_tail(path: str) -> str:
 
 def run_subprocess(query: int, runner: str, config_args: Sequence[str],
                    runner_args: Sequence[str], out_dir: str, events: int,
-                   timeout_s: float) -> RunResult:
+                   timeout_s: float, tag_suffix: str = '') -> RunResult:
     """Run one (query, runner) in a child Python; wall time measured around it."""
-    tag = f'q{query}-{runner.rsplit(".", 1)[-1]}'
+    tag = f'q{query}-{runner.rsplit(".", 1)[-1]}{tag_suffix}'
     lines_path = os.path.join(out_dir, 'outputs', f'{tag}.txt')
     result_path = os.path.join(out_dir, 'logs', f'{tag}.json')
     log_path = os.path.join(out_dir, 'logs', f'{tag}.log')
@@ -701,6 +701,24 @@ class Row:
     note: str = ''
 
 
+STREAMING_ROW = 'streaming'  # plan entry of --with-streaming: the tested runner, streaming
+
+
+def streaming_row(query: int, streamed: RunResult, batch: RunResult,
+                  reference: RunResult | None, config: NexmarkConfig) -> Row:
+    """The `--with-streaming` row of `query`: compared with the batch reference (the
+    tested runner's own batch run when there is none), events/s as a ratio to batch."""
+    equal, note = equality_verdict(query, streamed, reference or batch, config,
+                                   streaming=True)
+    row = make_row(streamed, equal, note)
+    if row.events_per_s and batch.ok and batch.wall_s > 0:
+        ratio = row.events_per_s / (batch.events / batch.wall_s)
+        row.note = '; '.join(p for p in (f'{ratio:.2f}x the events/s of its batch run',
+                                          row.note) if p)
+    row.runner = f'{streamed.runner} (streaming)'
+    return row
+
+
 def make_row(result: RunResult, equal: str, note: str = '') -> Row:
     eps = result.events / result.wall_s if result.ok and result.wall_s > 0 else 0.0
     return Row(result.query, result.runner, result.events, round(result.wall_s, 2),
@@ -756,6 +774,11 @@ NOTES = """\
 * Wall time is measured around a fresh Python subprocess per (query, runner), so it
   includes interpreter and (for StreamsSparkRunner) JVM/Spark start-up; events/s =
   events / wall time.
+* **"(streaming)" rows** (`--with-streaming`): the tested runner again, with
+  `--streaming` over the unbounded source as fast as possible (Q6 as
+  `query6_corrected`), compared with the batch reference (with the same allowances as a
+  streaming run: accumulating panes for Q6, arrival order for Q3); the note gives its
+  events/s as a ratio to the same runner's batch row.
 """
 
 STREAMING_NOTES = """* **Streaming** (`--streaming`): Beam runs read the unbounded source
@@ -933,6 +956,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--corrected-q6', action='store_true',
                         help='run Q6 as query6_corrected (Beam\'s query with its Timestamp '
                              'negation fixed) instead of Beam\'s, which fails everywhere')
+    parser.add_argument('--with-streaming', action='store_true',
+                        help='in batch: also run --runner with --streaming over the '
+                             'unbounded source (as fast as possible), as rows "<runner> '
+                             '(streaming)" compared with the batch reference, with their '
+                             'events/s as a ratio to the same runner\'s batch run; Q6 runs '
+                             'as query6_corrected there')
     return parser
 
 
@@ -951,6 +980,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error('--rate needs --streaming')
     if args.rate is not None and args.rate <= 0:
         build_parser().error('--rate must be positive')
+    if args.with_streaming and args.streaming:
+        build_parser().error('--with-streaming adds streaming rows to a batch run: '
+                             'leave out --streaming')
     stream_args = (['--streaming'] + ([f'--rate={args.rate}'] if args.rate else [])
                    if args.streaming else [])
     mode = ('streaming, ' + (f'{args.rate:g} events/s' if args.rate else 'as fast as possible')
@@ -972,8 +1004,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                          [a for a in runner_args if a.startswith('--spark_master=')]))
         if 'flink' in args.native and q in NATIVE_QUERIES:
             plan.append((q, NATIVE_FLINK, []))
+        if args.with_streaming:
+            plan.append((q, STREAMING_ROW, ['--streaming', *runner_args]
+                         + (['--corrected-q6'] if q == 6 else [])))
     results: dict[tuple[int, str], RunResult] = {}
     for i, (q, runner, extra) in enumerate(plan, 1):
+        if runner == STREAMING_ROW:
+            print(f'[{i}/{len(plan)}] Q{q} on {args.runner} --streaming ...', end=' ',
+                  flush=True)
+            result = run_subprocess(q, args.runner, config_args, extra, out_dir,
+                                    config.num_events, args.timeout, tag_suffix='-streaming')
+            results[(q, runner)] = result
+            status = f'{result.output_count} outputs' if result.ok else f'FAILED {result.error}'
+            print(f'{result.wall_s:.1f} s, {status}', flush=True)
+            continue
         print(f'[{i}/{len(plan)}] Q{q} on {runner} ...', end=' ', flush=True)
         if runner == NATIVE_FLINK:
             result = run_native_flink(q, config_args, out_dir, config.num_events,
@@ -1019,6 +1063,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 equal, note = ('failed: ' + native.error if not native.ok else '-'), ''
             rows.append(make_row(native, equal, note))
+        streamed = results.get((q, STREAMING_ROW))
+        if streamed is not None:
+            rows.append(streaming_row(q, streamed, tested, reference, config))
 
     print()
     print(format_table(rows))

@@ -89,6 +89,19 @@ def test_equality_check_reports_a_wrong_output_as_different():
     assert verdict == 'failed: TypeError: x'
 
 
+def test_streaming_row_is_compared_with_batch_and_gives_the_ratio():
+    lines = ['{\'a\': 1}\tGlobalWindow\tTimestamp(1.000000)']
+    batch, streamed = _result(lines), _result(lines)
+    batch.wall_s, streamed.wall_s = 2.0, 4.0
+    config = NexmarkConfig(num_events=10)
+    row = launcher.streaming_row(0, streamed, batch, _result(lines, runner='Ref'), config)
+    assert (row.runner, row.equal) == ('R (streaming)', 'yes')
+    assert row.note.startswith('0.50x the events/s of its batch run')
+    wrong = _result(['{\'a\': 2}\tGlobalWindow\tTimestamp(1.000000)'])
+    wrong.wall_s = 1.0
+    assert launcher.streaming_row(0, wrong, batch, None, config).equal == 'no'
+
+
 def test_sub_millisecond_timestamp_difference_is_reported():
     tested = ['1\t[0.0, 10.0)\tTimestamp(9.999000)']
     reference = ['1\t[0.0, 10.0)\tTimestamp(9.999999)']

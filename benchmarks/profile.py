@@ -1,0 +1,128 @@
+"""Where a NEXMark run's Python time goes: py-spy over the driver and every Python worker.
+
+    python -m benchmarks.profile --query=5 --events=300000 --out bench-out/profile-q5 \\
+        [--streaming] [runner options, e.g. --spark_master=local[2]]
+
+Runs one query on StreamsSparkRunner (`benchmarks.nexmark.launcher --run-one`) under
+`py-spy record --subprocesses` (sampling the driver, PySpark's worker daemon and the
+workers it forks; idle frames left out) and writes `OUT/profile.md`: the samples per
+process kind, the functions with the most samples in the Python workers (inclusive:
+a function counts once per sample it is on the stack of), and the share of a few
+categories that answer "where does the time go" (the NEXMark generator, Beam's SDK
+harness, the runner's GroupByKey, PySpark's worker I/O and (de)serialization,
+imports). Also `OUT/profile.raw`, py-spy's collapsed stacks, for a flame graph.
+py-spy comes with the `bench` extra (`pip install -e '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# category -> (frames (function @ file) that put a sample in it, whether only the
+# innermost two frames count); the first matching category wins.
+CATEGORIES = {
+    'NEXMark generator (shared by every runner)': (('@generator.py', '@java_random.py'), False),
+    "runner's GroupByKey (reduce side)": (('on_input_watermark @group_by_key.py',
+                                           'on_watermark @group_by_key.py'), False),
+    "Beam's SDK harness (user DoFns, coders)": (('process_bundle @bundle_processor.py',), False),
+    'imports': (('_find_and_load @<frozen importlib._bootstrap>',), False),
+    'PySpark (de)serialization and socket I/O': (('@serializers.py', '@worker_util.py',
+                                                  '@socket.py', '@pickle.py'), True),
+}
+_FRAME = re.compile(r'(.*?) \((.*?):\d+\)')
+
+
+def frame_name(frame: str) -> str:
+    """'function @file' of one py-spy frame ('function (path/file.py:line)')."""
+    match = _FRAME.match(frame)
+    return f'{match.group(1)} @{os.path.basename(match.group(2))}' if match else frame
+
+
+def summarize(raw_path: str, top: int = 30) -> str:
+    """The markdown summary of py-spy's collapsed stacks in `raw_path`."""
+    kinds: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    categories: collections.Counter = collections.Counter()
+    worker_samples = 0
+    with open(raw_path, encoding='utf-8') as f:
+        for line in f:
+            stack, _, count = line.rstrip('\n').rpartition(' ')
+            names = [frame_name(frame) for frame in stack.split(';')]
+            samples = int(count)
+            if 'worker @daemon.py' not in names:  # not in a forked worker's task
+                in_daemon = any('daemon' in name for name in names[:3])
+                kinds['PySpark worker daemon' if in_daemon else 'driver'] += samples
+                continue
+            kinds['Python workers'] += samples
+            worker_samples += samples
+            for name in set(names):
+                inclusive[name] += samples
+            for category, (markers, innermost) in CATEGORIES.items():
+                searched = names[-2:] if innermost else names
+                if any(marker in name for name in searched for marker in markers):
+                    categories[category] += samples
+                    break
+    lines = ['| process | samples |', '|---|---|']
+    lines += [f'| {kind} | {samples} |' for kind, samples in kinds.most_common()]
+    lines += ['', "(The worker daemon's samples are mostly its wait for the next task: py-spy "
+              'cannot tell that wait from work without stopping the process.)']
+    lines += ['', '| where (Python workers) | share of worker samples |', '|---|---|']
+    for category in [*CATEGORIES, 'other']:
+        counted = (worker_samples - sum(categories.values()) if category == 'other'
+                   else categories[category])
+        lines.append(f'| {category} | {counted / max(worker_samples, 1):.0%} |')
+    lines += ['', f'Top {top} functions in the Python workers (inclusive samples):', '',
+              '| samples | share | function |', '|---|---|---|']
+    functions = [(name, samples) for name, samples in inclusive.most_common()
+                 if not _is_root(name)][:top]
+    lines += [f'| {samples} | {samples / max(worker_samples, 1):.0%} | `{name}` |'
+              for name, samples in functions]
+    return '\n'.join(lines) + '\n'
+
+
+def _is_root(name: str) -> bool:
+    """A process or interpreter start frame, on every stack of its process."""
+    return name.startswith(('process ', '<module> @')) or '<frozen runpy>' in name or any(
+        name.startswith(f'{function} @') for function in ('manager', 'worker', 'main'))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--query', type=int, required=True)
+    parser.add_argument('--events', type=int, default=100_000)
+    parser.add_argument('--streaming', action='store_true')
+    parser.add_argument('--rate', type=int, default=25, help='py-spy samples per second')
+    parser.add_argument('--out', required=True)
+    known, runner_args = parser.parse_known_args(argv)
+    py_spy = shutil.which('py-spy')
+    if py_spy is None:
+        parser.error("py-spy is not installed: pip install -e '.[bench]'")
+    os.makedirs(known.out, exist_ok=True)
+    raw = os.path.join(known.out, 'profile.raw')
+    child = [sys.executable, '-m', 'benchmarks.nexmark.launcher', '--run-one',
+             f'--query={known.query}', '--runner=StreamsSparkRunner',
+             f'--result={os.path.join(known.out, "result.json")}',
+             f'--lines={os.path.join(known.out, "lines.txt")}',
+             f'--num_events={known.events}',
+             *(['--streaming'] if known.streaming else []), *runner_args]
+    print(f'profiling Q{known.query} ({known.events} events) ...', flush=True)
+    subprocess.run([py_spy, 'record', '--subprocesses', '--nonblocking', '-r', str(known.rate),
+                    '--format', 'raw', '-o', raw, '--', *child], check=True)
+    mode = 'streaming' if known.streaming else 'batch'
+    report = (f'# Profile: NEXMark Q{known.query}, {known.events} events, {mode}\n\n'
+              f'Command: `python -m benchmarks.profile {" ".join(argv or sys.argv[1:])}`\n\n'
+              + summarize(raw))
+    with open(os.path.join(known.out, 'profile.md'), 'w', encoding='utf-8') as f:
+        f.write(report)
+    print(report)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
