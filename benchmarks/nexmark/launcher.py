@@ -214,6 +214,8 @@ def oracle_lines(query: int, config: NexmarkConfig) -> list[str]:
 
 
 _TIMESTAMP = re.compile(r'Timestamp\((-?\d+)\.(\d{3})\d{3}\)')
+# Beam's Timestamp repr leaves out the fraction of a whole second: Timestamp(5).
+_WHOLE_SECONDS = re.compile(r'Timestamp\((-?\d+)\)')
 
 
 def truncate_to_millis(lines: Iterable[str]) -> list[str]:
@@ -223,7 +225,9 @@ def truncate_to_millis(lines: Iterable[str]) -> list[str]:
     timestamps in ms (Beam's WindowedValue coder), so an end-of-window timestamp becomes
     `end - 1 ms`; the BundleBasedDirectRunner never encodes and keeps `end - 1 us`.
     """
-    return sorted(_TIMESTAMP.sub(r'Timestamp(\1.\g<2>000)', line) for line in lines)
+    return sorted(_TIMESTAMP.sub(r'Timestamp(\1.\g<2>000)',
+                                 _WHOLE_SECONDS.sub(r'Timestamp(\1.000000)', line))
+                  for line in lines)
 
 
 @dataclass

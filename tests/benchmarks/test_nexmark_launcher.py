@@ -109,6 +109,11 @@ def test_sub_millisecond_timestamp_difference_is_reported():
                                      NexmarkConfig(num_events=10))
     assert verdict == 'no (equal to the ms)'
     assert 'below 1 ms' in note
+    # A whole second prints without its fraction (window end 10.001: end - 1 ms = 10.0).
+    verdict, _ = equality_verdict(9, _result(['1\t[0.0, 10.001)\tTimestamp(10)']),
+                                  _result(['1\t[0.0, 10.001)\tTimestamp(10.000999)']),
+                                  NexmarkConfig(num_events=10))
+    assert verdict == 'no (equal to the ms)'
 
 
 def test_q12_is_compared_on_total_count_per_bidder():
