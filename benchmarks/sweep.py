@@ -592,6 +592,16 @@ def _grid(plt, n: int, title: str):
     return fig, list(axes.flat)
 
 
+def _log_axes(ax, ylabel: str, title: str) -> None:
+    """Log-log axes over bundle size, labelled and gridded."""
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel('bundle size')
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(which='both', alpha=0.3)
+
+
 def _legend_below(fig, axes) -> None:
     """One legend for all panels, under them; then the layout."""
     entries: dict[str, Any] = {}
@@ -640,12 +650,7 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
                         and r['elements_per_s'] != ''):
                     ax.axhline(r['elements_per_s'], color=colors[case], linestyle='--',
                                linewidth=0.8)
-        ax.set_xscale('log')
-        ax.set_yscale('log')
-        ax.set_xlabel('bundle size')
-        ax.set_ylabel('elements/s')
-        ax.set_title(panel_title(panel), fontsize=9)
-        ax.grid(which='both', alpha=0.3)
+        _log_axes(ax, 'elements/s', panel_title(panel))
     _legend_below(fig, axes)
     fig.savefig(os.path.join(out, 'sweep_throughput.png'), dpi=110)
     plt.close(fig)
@@ -660,12 +665,7 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
                     ax.plot([p[0] for p in points], [p[1] for p in points], style,
                             marker='o', color=colors[case],
                             label=case if style == '-' else None)
-        ax.set_xscale('log')
-        ax.set_yscale('log')
-        ax.set_xlabel('bundle size')
-        ax.set_ylabel('latency (s)')
-        ax.set_title(panel_title(panel), fontsize=9)
-        ax.grid(which='both', alpha=0.3)
+        _log_axes(ax, 'latency (s)', panel_title(panel))
     _legend_below(fig, axes)
     fig.savefig(os.path.join(out, 'sweep_latency.png'), dpi=110)
     plt.close(fig)
