@@ -33,8 +33,9 @@ output watermark (`min_hold`) and pin their key's state (`has_pending`).
 Side windows are only required to be hashable (Beam windows need not be
 mutually comparable), so every ordered index breaks max-timestamp ties with a
 sequence number. Everything is plain dicts, lists, small slotted classes and
-sortedcontainers, so the graph pickles as-is (the runner persists it between
-epochs).
+sortedcontainers, so the graph pickles as-is. The runner does not persist it
+whole: the side-input gate persists its side watermarks and pushed-back
+elements, and rebuilds a graph from them (`translators/side_input_gate`).
 """
 
 from __future__ import annotations

@@ -16,16 +16,33 @@ then complete for that window (an empty window reads the view's default, which
 the SDK harness supplies). This is what makes file sinks correct in streaming:
 their finalize step reads all the written shards through a global-window side
 input, which is ready only once the written shards are complete.
+
+Versioned state (design section 8) is per pushed-back pair, not the graph. In
+the gate every graph element is one (element, main window) pair, numbered by a
+gate sequence number `seq` (monotonic, persisted) that its payload carries, so
+released payloads tell which pair went. `state_delta` writes, under
+b'e' + seq (8 big-endian bytes), each pair pushed back since the last call (a
+pair pushed back and released in the same interval is neither written nor
+deleted), deletes the key of each persisted pair released since, and writes
+b'w' (every side input's watermark, the gated inputs and the next seq) only
+when it changed. `restore_state` sets the side watermarks on the empty graph,
+then re-adds the pairs in seq order: the graph then holds the same pairs in the
+same relative order, so releases, holds, pinned keys and sizes are as before.
+Persisting the whole graph as one pickled value instead made every epoch cost
+the whole backlog: NEXMark Q7 streaming at 100k events had 86k pushed-back
+elements after 12 epochs, each commit pickled all of them (2.3 s) and each task
+landing in another Python worker unpickled all of them (1.2 s).
 """
 
 from __future__ import annotations
 
 import collections
+import pickle
+import struct
 from collections.abc import Mapping
 
 from apache_beam import pvalue
 from apache_beam.coders.coder_impl import create_OutputStream
-from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 from apache_beam.runners.portability.fn_api_runner.translations import PAR_DO_URNS
@@ -33,7 +50,7 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_streams_runner.errors import UnsupportedFeatureError
+from beam_streams_runner.errors import StreamsSparkRunnerError, UnsupportedFeatureError
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import StagePlan
 from beam_streams_runner.records import Record, decode_with_raw
@@ -41,7 +58,13 @@ from beam_streams_runner.state.pending_states_graph import PendingStatesGraph
 from beam_streams_runner.worker_runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
-_STATE_KEY = b'psg'
+_ELEMENT = b'e'  # + seq: one pushed-back (element, main window) pair
+_WATERMARKS = b'w'  # the side watermarks, the gated inputs and the next seq
+_SEQ = struct.Struct('>Q')
+
+
+class CorruptGateStateError(StreamsSparkRunnerError):
+    """A side-input gate's checkpointed state does not fit the gate restoring it."""
 
 
 class SideInputGate:
@@ -52,8 +75,20 @@ class SideInputGate:
         self._stage = stage
         self._sides: dict[SideInputId, tuple] = {}  # -> (window mapping fn, window coder)
         self.gated_inputs = self._find_sides()
+        # Side inputs in sorted order, which every process agrees on: a persisted pair
+        # holds its side windows in that order, its main input as an index.
+        self._sides = dict(sorted(self._sides.items()))
+        self._side_ids = list(self._sides)
+        self._input_ids = sorted(self.gated_inputs)
+        self._input_index = {input_id: i for i, input_id in enumerate(self._input_ids)}
         self.graph = PendingStatesGraph(self._sides)
-        self._dirty = False
+        self._next_seq = 0
+        # Changes since the last state_delta: the pairs pushed back (seq -> what
+        # restore_state needs to add it again), the persisted pairs released, and
+        # whether the b'w' value changed.
+        self._pushed_back: dict[int, tuple] = {}
+        self._released: set[int] = set()
+        self._watermarks_dirty = False
 
     def _find_sides(self) -> set[str]:
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self._stage.descriptor)
@@ -106,15 +141,21 @@ class SideInputGate:
             for window in windows:
                 single = raw if len(windows) == 1 else coder.encode_nested(
                     WindowedValue(value.value, value.timestamp, (window,), value.pane_info))
-                requests = {window: [
+                requests = [
                     (side, coder_impl.encode(side_window), side_window.max_timestamp().micros)
                     for side, (mapping_fn, coder_impl) in self._sides.items()
-                    for side_window in (mapping_fn(window),)]}
-                if self.graph.add_element((input_id, single), value.timestamp.micros, key,
-                                          requests):
+                    for side_window in (mapping_fn(window),)]
+                seq = self._next_seq
+                # The single-window payload carries the main window: the graph's
+                # main-window label is unused, None here as after a restore.
+                if self.graph.add_element((input_id, single, seq), value.timestamp.micros,
+                                          key, {None: requests}):
                     runnable.write(single)
                 else:
-                    self._dirty = True
+                    self._next_seq += 1
+                    self._pushed_back[seq] = (
+                        input_id, single, value.timestamp.micros, key, requests)
+                    self._watermarks_dirty = True  # the next seq is in b'w'
         return runnable.get()
 
     # Side watermarks (Algorithm 2) ------------------------------------------------------
@@ -123,9 +164,11 @@ class SideInputGate:
         released: dict[str, list[bytes]] = collections.defaultdict(list)
         for side, watermark in watermarks.items():
             if watermark > self.graph.side_watermark(side):
-                self._dirty = True
-            for (input_id, encoded), _ in self.graph.on_side_watermark(side, watermark):
+                self._watermarks_dirty = True
+            for (input_id, encoded, seq), _ in self.graph.on_side_watermark(side, watermark):
                 released[input_id].append(encoded)
+                if self._pushed_back.pop(seq, None) is None:  # persisted: delete it
+                    self._released.add(seq)
         return [(input_id, b''.join(parts)) for input_id, parts in released.items()]
 
     def hold(self) -> int:
@@ -133,13 +176,60 @@ class SideInputGate:
         hold = self.graph.min_hold()
         return MAX_WATERMARK if hold is None else hold
 
-    # Versioned state (design section 8): the graph is one value ---------------------------
+    # Versioned state (design section 8): one value per pushed-back pair -----------------
     def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
-        if not self._dirty:
-            return {}, set()
-        self._dirty = False
-        return {_STATE_KEY: pickler.dumps(self.graph, enable_trace=False)}, set()
+        """What changed since the last call (see the module docstring); resets the
+        tracking."""
+        input_index = self._input_index
+        # (main input index, encoded element, timestamp, key, then per side input in
+        # sorted order its encoded side window and the window's max timestamp).
+        dirty = {
+            _ELEMENT + _SEQ.pack(seq): pickle.dumps(
+                (input_index[input_id], encoded, timestamp, key,
+                 *(part for _, side_window, max_timestamp in requests
+                   for part in (side_window, max_timestamp))),
+                pickle.HIGHEST_PROTOCOL)
+            for seq, (input_id, encoded, timestamp, key, requests) in self._pushed_back.items()}
+        deleted = {_ELEMENT + _SEQ.pack(seq) for seq in self._released}
+        if self._watermarks_dirty:
+            dirty[_WATERMARKS] = pickle.dumps(
+                (tuple((side, self.graph.side_watermark(side)) for side in self._side_ids),
+                 tuple(self._input_ids), self._next_seq), pickle.HIGHEST_PROTOCOL)
+        self._pushed_back = {}
+        self._released = set()
+        self._watermarks_dirty = False
+        return dirty, deleted
 
     def restore_state(self, state: Mapping[bytes, bytes]) -> None:
-        if _STATE_KEY in state:
-            self.graph = pickler.loads(state[_STATE_KEY], enable_trace=False)
+        """Rebuilds the gate from its full state as `state_delta` wrote it (called on a
+        fresh gate, with {} for the initial state); tracks changes from here."""
+        elements = sorted(name for name in state if name[:1] == _ELEMENT)  # seq order
+        if _WATERMARKS not in state:
+            if elements:
+                raise CorruptGateStateError(
+                    f'The side-input gate state has {len(elements)} pushed-back elements '
+                    'but no side watermarks (b"w"): the checkpoint is corrupt.')
+            return
+        watermarks, input_ids, self._next_seq = pickle.loads(state[_WATERMARKS])
+        sides = [side for side, _ in watermarks]
+        if sides != self._side_ids or list(input_ids) != self._input_ids:
+            raise CorruptGateStateError(
+                f'The side-input gate state is for side inputs {sides} and main inputs '
+                f'{list(input_ids)}, but the stage reads side inputs {self._side_ids} and '
+                f'main inputs {self._input_ids}.')
+        graph = self.graph
+        for side, watermark in watermarks:
+            graph.on_side_watermark(side, watermark)  # an empty graph releases nothing
+        side_ids = self._side_ids
+        for name in elements:
+            seq = _SEQ.unpack_from(name, len(_ELEMENT))[0]
+            value = pickle.loads(state[name])
+            if graph.add_element(
+                    (input_ids[value[0]], value[1], seq), value[2], value[3],
+                    {None: list(zip(side_ids, value[4::2], value[5::2], strict=True))}):
+                raise CorruptGateStateError(
+                    f'Pushed-back element {seq} of the side-input gate state is runnable '
+                    'under the side watermarks saved with it: the checkpoint is corrupt.')
+        self._pushed_back = {}
+        self._released = set()
+        self._watermarks_dirty = False
