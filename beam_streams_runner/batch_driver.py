@@ -24,7 +24,12 @@ from pyspark.rdd import RDD
 from beam_streams_runner import tasks
 from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
-from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan, _kv_key_coder_id
+from beam_streams_runner.plan import (
+    IMPULSE_BUFFER,
+    PipelinePlan,
+    StagePlan,
+    kv_component_coder_ids,
+)
 from beam_streams_runner.translators.flatten import flattened
 from beam_streams_runner.translators.impulse import impulse_rdd
 from beam_streams_runner.translators.side_inputs import side_input_state
@@ -211,9 +216,11 @@ def _groupings(plan: PipelinePlan) -> dict[bytes, tasks.GroupingSpec]:
         input_pcoll = next(iter(transform.inputs.values()))
         output_pcoll = next(iter(transform.outputs.values()))
         input_coder = context.data_channel_coders[input_pcoll]
+        key_coder_id, value_coder_id = kv_component_coder_ids(context, input_coder)
         groupings[buffer_id] = tasks.GroupingSpec(
             input_coder_id=input_coder,
-            key_coder_id=_kv_key_coder_id(context, input_coder),
+            key_coder_id=key_coder_id,
+            value_coder_id=value_coder_id,
             output_coder_id=context.data_channel_coders[output_pcoll],
             windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id,
             step_name=transform.unique_name)

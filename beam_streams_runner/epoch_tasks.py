@@ -111,7 +111,8 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 runtime.coder_impl(spec.input_coder_id), runtime.coder_impl(spec.output_coder_id),
                 runtime.coder_impl(spec.key_coder_id),
                 runtime.context.windowing_strategies.get_by_id(spec.windowing_strategy_id),
-                grouping_input, plan.bundle_size))
+                grouping_input, plan.bundle_size,
+                value_coder_impl=runtime.coder_impl(spec.value_coder_id)))
         grouping.keyed_state_gc = epoch.keyed_state_gc
     if stage.stateful:
         operator = _load(epoch, f'stage-{stage.index}/partition-{index}', new_stage_operator)

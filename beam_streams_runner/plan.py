@@ -311,7 +311,7 @@ def _stage_plan(
     key_coders = {}
     if stateful:
         for transform_id, coder_id in input_coders.items():
-            key_coders[transform_id] = _kv_key_coder_id(context, coder_id)
+            key_coders[transform_id] = kv_component_coder_ids(context, coder_id)[0]
     test_stream_outputs = {}
     if test_stream is not None:
         # A runner-only stage: the driver feeds its events (see translators/test_stream).
@@ -353,7 +353,9 @@ def _output_buffer_id(context, stage, transform) -> bytes:
     return manager.stage_data_outputs[transform.unique_name]
 
 
-def _kv_key_coder_id(context: execution.FnApiRunnerExecutionContext, windowed_coder_id: str) -> str:
+def kv_component_coder_ids(context: execution.FnApiRunnerExecutionContext,
+                           windowed_coder_id: str) -> tuple[str, str]:
+    """The key and value coder ids of windowed key-value elements."""
     components = context.pipeline_components
     windowed = components.coders[windowed_coder_id]
     kv = components.coders[windowed.component_coder_ids[0]]
@@ -362,4 +364,5 @@ def _kv_key_coder_id(context: execution.FnApiRunnerExecutionContext, windowed_co
     if kv.spec.urn != common_urns.coders.KV.urn:
         raise UnsupportedFeatureError(
             f'A stateful DoFn needs key-value input; got elements coded by {kv.spec.urn}.')
-    return kv.component_coder_ids[0]
+    key_coder_id, value_coder_id = kv.component_coder_ids
+    return key_coder_id, value_coder_id

@@ -31,6 +31,7 @@ class GroupingSpec:
 
     input_coder_id: str
     key_coder_id: str
+    value_coder_id: str
     output_coder_id: str
     windowing_strategy_id: str
     step_name: str

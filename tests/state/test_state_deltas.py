@@ -293,7 +293,8 @@ def grouping_operator(windowing: Windowing) -> StreamingGroupByKeyOperator:
         coders.WindowedValueCoder(coders.TupleCoder(
             [coders.StrUtf8Coder(), coders.IterableCoder(coders.VarIntCoder())]),
             window_coder).get_impl(),
-        coders.StrUtf8Coder().get_impl(), windowing, 'out', 100)
+        coders.StrUtf8Coder().get_impl(), windowing, 'out', 100,
+        value_coder_impl=coders.VarIntCoder().get_impl())
 
 
 def grouping_input(windowing: Windowing, elements) -> bytes:
