@@ -17,17 +17,31 @@ the store records every key whose cells or expiry windows change;
 `take_changed` hands them out for the epoch's delta, `encode_key` gives a key's
 whole state as one value (None once it holds nothing) and `restore_key` puts it
 back, index included. The batch driver never tracks, so it pays nothing.
+
+A streaming partition whose task lands in another Python worker is rebuilt from
+its full state every such epoch, so `restore_keys` is lazy: it indexes each key's
+windows from the value's trailer (a few fixed-size integers) and keeps the
+pickled cells as they are, to be decoded when the key is first touched; a key
+the epoch does not touch is encoded again from those bytes without decoding.
+Value layout: pickle((cells, ordered cells)), then the key's window max
+timestamps as little-endian int64s, then their count as a little-endian uint32
+(`pickle.loads` of a value reads the cells and ignores the trailer).
 """
 
 from __future__ import annotations
 
 import bisect
 import pickle
+import struct
 from collections.abc import Callable, Hashable, Iterable
 
 from sortedcontainers import SortedDict, SortedList
 
 CellId = Hashable  # (transform id, state id, encoded window[, map key])
+
+_COUNT = struct.Struct('<I')  # the number of windows, last in a key's value
+# The cells of a key that holds only expiry windows.
+_NO_CELLS = pickle.dumps(([], []), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class KeyedStateIndex:
@@ -89,6 +103,19 @@ class KeyedStateIndex:
             self._windows_by_key[key] = windows
             self._order.add((windows[0], key))
 
+    def restore_keys(self, items: Iterable[tuple[bytes, list[int]]]) -> None:
+        """`restore_key` of many keys at once (the order index is sorted once); each
+        key's windows ascending and distinct, as `windows` lists them."""
+        order = []
+        windows_by_key = self._windows_by_key
+        for key, windows in items:
+            if key in windows_by_key:
+                self._drop(key)
+            if windows:
+                windows_by_key[key] = windows
+                order.append((windows[0], key))
+        self._order.update(order)
+
     def latest_window(self, key: bytes) -> int | None:
         windows = self._windows_by_key.get(key)
         return windows[-1] if windows else None
@@ -105,30 +132,51 @@ class KeyedStateStore:
     def __init__(self) -> None:
         self._cells: dict[bytes, dict[CellId, list[bytes]]] = {}
         self._ordered: dict[bytes, dict[CellId, SortedDict]] = {}
+        # Keys restored but not touched since: their pickled cells (see `restore_keys`).
+        self._raw: dict[bytes, bytes] = {}
         self.index = KeyedStateIndex()
         self._changed: set[bytes] | None = None  # keys changed, while tracking
 
     def __len__(self) -> int:
-        return len(self._cells.keys() | self._ordered.keys())
+        return len(self.keys())
 
     def live_keys(self) -> int:
         """Keys holding anything: state cells, or expiry windows not yet collected (a key
         whose cells the DoFn cleared stays in the index until its windows expire)."""
-        return len(self._cells.keys() | self._ordered.keys() | self.index.keys())
+        return len(self._cells.keys() | self._ordered.keys() | self._raw.keys()
+                   | self.index.keys())
 
     def keys(self) -> set[bytes]:
-        return set(self._cells) | set(self._ordered)
+        return self._cells.keys() | self._ordered.keys() | self._raw.keys()
+
+    def _decode(self, key: bytes) -> None:
+        """Decodes the cells of a restored key on its first use."""
+        data = self._raw.pop(key, None)
+        if data is not None:
+            self._set_cells(key, *pickle.loads(data))
+
+    def _set_cells(self, key: bytes, cells: list, ordered: list) -> None:
+        if cells:
+            self._cells[key] = dict(cells)
+        if ordered:
+            self._ordered[key] = {cell: SortedDict(entries) for cell, entries in ordered}
 
     # Bag-like cells ------------------------------------------------------------
     def get(self, key: bytes, cell: CellId) -> list[bytes]:
+        if key in self._raw:
+            self._decode(key)
         return self._cells.get(key, {}).get(cell, [])
 
     def append(self, key: bytes, cell: CellId, data: bytes) -> None:
+        if key in self._raw:
+            self._decode(key)
         self._cells.setdefault(key, {}).setdefault(cell, []).append(data)
         if self._changed is not None:
             self._changed.add(key)
 
     def clear(self, key: bytes, cell: CellId) -> None:
+        if key in self._raw:
+            self._decode(key)
         cells = self._cells.get(key)
         if cells is not None and cells.pop(cell, None) is not None:
             if not cells:
@@ -138,11 +186,15 @@ class KeyedStateStore:
 
     def cells_with_prefix(self, key: bytes, prefix: tuple) -> Iterable[CellId]:
         """Cells of `key` whose id starts with `prefix` (e.g. all map keys)."""
+        if key in self._raw:
+            self._decode(key)
         n = len(prefix)
         return [c for c in self._cells.get(key, {}) if c[:n] == prefix]
 
     # Ordered-list cells --------------------------------------------------------
     def ordered_range(self, key: bytes, cell: CellId, start: int, end: int) -> list[bytes]:
+        if key in self._raw:
+            self._decode(key)
         entries = self._ordered.get(key, {}).get(cell)
         if not entries:
             return []
@@ -152,12 +204,16 @@ class KeyedStateStore:
         return out
 
     def ordered_add(self, key: bytes, cell: CellId, sort_key: int, data: bytes) -> None:
+        if key in self._raw:
+            self._decode(key)
         entries = self._ordered.setdefault(key, {}).setdefault(cell, SortedDict())
         entries.setdefault(sort_key, []).append(data)
         if self._changed is not None:
             self._changed.add(key)
 
     def ordered_clear(self, key: bytes, cell: CellId, start: int, end: int) -> None:
+        if key in self._raw:
+            self._decode(key)
         cells = self._ordered.get(key)
         entries = cells.get(cell) if cells else None
         if not entries:
@@ -174,7 +230,9 @@ class KeyedStateStore:
 
     # Expiry ----------------------------------------------------------------------
     def delete_key(self, key: bytes) -> None:
-        held = (self._cells.pop(key, None) is not None) | (self._ordered.pop(key, None) is not None)
+        held = ((self._cells.pop(key, None) is not None)
+                | (self._ordered.pop(key, None) is not None)
+                | (self._raw.pop(key, None) is not None))
         self.index.remove_key(key)  # marks the key changed if it had windows
         if held and self._changed is not None:
             self._changed.add(key)
@@ -215,25 +273,54 @@ class KeyedStateStore:
     def encode_key(self, key: bytes) -> bytes | None:
         """All the state of `key` (cells, ordered cells, expiry windows) as one value,
         or None if it holds none."""
-        cells = self._cells.get(key)
-        ordered = self._ordered.get(key)
         windows = self.index.windows(key)
-        if not cells and not ordered and not windows:
-            return None
-        return pickle.dumps((
-            list(cells.items()) if cells else [],
-            [(cell, list(entries.items())) for cell, entries in ordered.items()]
-            if ordered else [],
-            windows,
-        ), protocol=pickle.HIGHEST_PROTOCOL)
+        body = self._raw.get(key)
+        if body is None:
+            cells = self._cells.get(key)
+            ordered = self._ordered.get(key)
+            if not cells and not ordered:
+                if not windows:
+                    return None
+                body = _NO_CELLS
+            else:
+                body = pickle.dumps((
+                    list(cells.items()) if cells else [],
+                    [(cell, list(entries.items())) for cell, entries in ordered.items()]
+                    if ordered else [],
+                ), protocol=pickle.HIGHEST_PROTOCOL)
+        n = len(windows)
+        return b''.join((body, struct.pack(f'<{n}qI', *windows, n)))
 
     def restore_key(self, key: bytes, data: bytes) -> None:
         """Replaces the state of `key` by the value `encode_key` gave (not a change)."""
-        cells, ordered, windows = pickle.loads(data)
         self._cells.pop(key, None)
         self._ordered.pop(key, None)
-        if cells:
-            self._cells[key] = dict(cells)
-        if ordered:
-            self._ordered[key] = {cell: SortedDict(entries) for cell, entries in ordered}
+        self._raw.pop(key, None)
+        body, windows = _split(data)
+        if body != _NO_CELLS:
+            self._set_cells(key, *pickle.loads(body))
         self.index.restore_key(key, windows)
+
+    def restore_keys(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """`restore_key` of each (key, value), lazily: the windows go to the index at
+        once, the cells stay encoded until the key is used."""
+        raw = self._raw
+        indexed = []
+        for key, data in items:
+            self._cells.pop(key, None)
+            self._ordered.pop(key, None)
+            body, windows = _split(data)
+            if body != _NO_CELLS:
+                raw[key] = body
+            else:
+                raw.pop(key, None)
+            indexed.append((key, windows))
+        self.index.restore_keys(indexed)
+
+
+def _split(data: bytes) -> tuple[bytes, list[int]]:
+    """(pickled cells, window max timestamps) of a value `encode_key` gave."""
+    end = len(data) - _COUNT.size
+    n, = _COUNT.unpack_from(data, end)
+    end -= 8 * n
+    return data[:end], list(struct.unpack_from(f'<{n}q', data, end))

@@ -156,16 +156,28 @@ class TimerQueue:
         (restoring a saved state), and in bulk: rebuilding n timers sorts once."""
         batch = {}  # timer id -> (seq, timer): a timer listed twice is restored once
         for seq, fields in timers:
-            timer = PendingTimer(*fields)
+            timer = PendingTimer._make(fields)
             batch[timer.timer_id] = (seq, timer)
         by_time, holds = [], []
+        by_id, ids_by_key = self._by_id, self._ids_by_key
+        replacing = bool(by_id)
+        next_seq = self._next_seq
         for timer_id, (seq, timer) in batch.items():
-            self._remove(timer_id)
-            self._by_id[timer_id] = (timer.fire_timestamp, seq, timer)
-            by_time.append((timer.fire_timestamp, seq, timer_id))
+            if replacing:
+                self._remove(timer_id)
+            fire_timestamp = timer.fire_timestamp
+            by_id[timer_id] = (fire_timestamp, seq, timer)
+            by_time.append((fire_timestamp, seq, timer_id))
             holds.append((timer.hold_timestamp, seq))
-            self._index_by_key(timer_id)
-            self._next_seq = max(self._next_seq, seq + 1)
+            key = _key_of(timer_id)
+            ids = ids_by_key.get(key)
+            if ids is None:
+                ids_by_key[key] = {timer_id}
+            else:
+                ids.add(timer_id)
+            if seq >= next_seq:
+                next_seq = seq + 1
+        self._next_seq = next_seq
         self._by_time.update(by_time)
         self._holds.update(holds)
 

@@ -25,16 +25,21 @@ self-checkpoints) are fed back as new bundles of the same stage.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import pickle
 import time
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import NamedTuple
 
-from apache_beam.coders.coder_impl import create_OutputStream
+from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import BundleContextManager
+from apache_beam.runners.worker import bundle_processor
+from apache_beam.transforms import userstate
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.metrics import MetricTotals
@@ -52,6 +57,7 @@ _PROCESSING_TIME = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
 _CHECKPOINT_FRACTION = 1e-9
 _WINDOW_END_CACHE_SIZE = 10_000
 _PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+_TIME_SHIFT = 1 << 63  # Beam's timestamp encoding flips the sign bit
 
 
 class Residual(NamedTuple):
@@ -105,15 +111,12 @@ class FusedStageOperator(Operator):
         self.state = PartitionStateHandler(
             self.keyed_state, side_inputs,
             self._window_max_timestamp if stage.stateful else None)
-        self._timer_coders = {
-            family: runtime.coder_impl(coder_id)
-            for family, (coder_id, _) in stage.timer_families.items()
-        }
-        self._timer_key_coders = {
-            family: runtime.coder_impl(
-                runtime.components.coders[coder_id].component_coder_ids[0])
-            for family, (coder_id, _) in stage.timer_families.items()
-        }
+        self._timer_readers = {}
+        for family, (coder_id, _) in stage.timer_families.items():
+            key_coder_id, window_coder_id = runtime.components.coders[
+                coder_id].component_coder_ids
+            self._timer_readers[family] = _TimerReader(
+                runtime.coder_impl(key_coder_id), runtime.coder(window_coder_id))
 
     # The operator contract -------------------------------------------------------
     def process_bundle(self, bundle: Bundle) -> list[Record]:
@@ -150,54 +153,66 @@ class FusedStageOperator(Operator):
 
     def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
         """What changed since the last call (design section 8), per user key: its keyed
-        state under b'k' + key, its event- and processing-time timers under b'e' + key
-        and b'p' + key (each timer as its arrival number, family and Beam encoding);
-        plus b'm': the input watermark and the timer queues' next arrival numbers."""
-        dirty: dict[bytes, bytes] = {}
-        deleted: set[bytes] = set()
-        for key in self.keyed_state.take_changed():
-            value = self.keyed_state.encode_key(key)
-            if value is None:
-                deleted.add(b'k' + key)
-            else:
-                dirty[b'k' + key] = value
-        for prefix, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
-            for key in queue.take_changed():
-                timers = [(seq, timer.timer_id[1],
-                           self._timer_coders[timer.timer_id[1]].encode(timer.payload))
-                          for seq, timer in queue.timers_of(key)]
-                if timers:
-                    dirty[prefix + key] = pickle.dumps(timers, pickle.HIGHEST_PROTOCOL)
+        state under b'k' + key (`KeyedStateStore.encode_key`), its event- and
+        processing-time timers under b'e' + key and b'p' + key (each timer as its
+        arrival number, family, Beam encoding, where the timer's id ends in that
+        encoding, and its firing and hold timestamps, so that a restore decodes no
+        timer); plus b'm': the input watermark and the timer queues' next arrival
+        numbers."""
+        with _collector_paused():
+            dirty: dict[bytes, bytes] = {}
+            deleted: set[bytes] = set()
+            keyed_state = self.keyed_state
+            for key in keyed_state.take_changed():
+                value = keyed_state.encode_key(key)
+                if value is None:
+                    deleted.add(b'k' + key)
                 else:
-                    deleted.add(prefix + key)
-        dirty[b'm'] = pickle.dumps((self.watermarks.current(), self.event_timers.next_seq,
-                                    self.processing_timers.next_seq))
+                    dirty[b'k' + key] = value
+            for prefix, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
+                for key in queue.take_changed():
+                    timers = [(seq, timer.timer_id[1], timer.payload,
+                               len(key) + len(timer.timer_id[2]), timer.fire_timestamp,
+                               timer.hold_timestamp)
+                              for seq, timer in queue.timers_of(key)]
+                    if timers:
+                        dirty[prefix + key] = pickle.dumps(timers, pickle.HIGHEST_PROTOCOL)
+                    else:
+                        deleted.add(prefix + key)
+            dirty[b'm'] = pickle.dumps((self.watermarks.current(), self.event_timers.next_seq,
+                                        self.processing_timers.next_seq))
         return dirty, deleted
 
     def restore_state(self, state: Mapping[bytes, bytes]) -> None:
         """Rebuilds the partition from its full state as `state_delta` wrote it (called
-        on a fresh operator, with {} for the initial state); tracks changes from here."""
-        timers: dict[bytes, list] = {b'e': [], b'p': []}
-        for name, value in state.items():
-            kind, key = name[:1], name[1:]
-            if kind == b'k':
-                self.keyed_state.restore_key(key, value)
-            elif kind in timers:
-                for seq, family, encoded in pickle.loads(value):
-                    timer = self._timer_coders[family].decode(encoded)
-                    timers[kind].append((seq, (
-                        (key, family, timer.dynamic_timer_tag, tuple(timer.windows)),
-                        timer.fire_timestamp.micros, timer.hold_timestamp.micros, timer)))
-            elif name == b'm':
-                watermark, event_seq, processing_seq = pickle.loads(value)
-                self.watermarks.advance('input', watermark)
-        for kind, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
-            queue.restore(timers[kind])
-        if b'm' in state:
-            self.event_timers.next_seq, self.processing_timers.next_seq = (
-                event_seq, processing_seq)
-        for tracked in (self.keyed_state, self.event_timers, self.processing_timers):
-            tracked.track_changes()
+        on a fresh operator, with {} for the initial state); tracks changes from here.
+
+        Cheap, since a task lands in another worker most epochs: the keyed state is
+        restored lazily (`KeyedStateStore.restore_keys`) and no timer is decoded."""
+        with _collector_paused():
+            keyed: list[tuple[bytes, bytes]] = []
+            timers: dict[bytes, list] = {b'e': [], b'p': []}
+            for name, value in state.items():
+                kind = name[:1]
+                if kind == b'k':
+                    keyed.append((name[1:], value))
+                elif kind in timers:
+                    key = name[1:]
+                    start = len(key)
+                    timers[kind].extend(
+                        (seq, ((key, family, encoded[start:id_end]), fire, hold, encoded))
+                        for seq, family, encoded, id_end, fire, hold in pickle.loads(value))
+                elif name == b'm':
+                    watermark, event_seq, processing_seq = pickle.loads(value)
+                    self.watermarks.advance('input', watermark)
+            self.keyed_state.restore_keys(keyed)
+            for kind, queue in ((b'e', self.event_timers), (b'p', self.processing_timers)):
+                queue.restore(timers[kind])
+            if b'm' in state:
+                self.event_timers.next_seq, self.processing_timers.next_seq = (
+                    event_seq, processing_seq)
+            for tracked in (self.keyed_state, self.event_timers, self.processing_timers):
+                tracked.track_changes()
 
     def output_watermark(self) -> int:
         holds = [self.watermarks.current()]
@@ -287,7 +302,8 @@ class FusedStageOperator(Operator):
             set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
         # The harness's bundle processor is driven directly (what SdkWorker does,
         # minus building every system MonitoringInfo of every step per bundle).
-        processor = runtime.processors.get(instruction_id, self.descriptor_id)
+        with _cheap_combining_state():
+            processor = runtime.processors.get(instruction_id, self.descriptor_id)
         try:
             try:
                 with processor.state_handler.process_instruction_id(instruction_id, ()):
@@ -389,29 +405,30 @@ class FusedStageOperator(Operator):
 
     # Timers ------------------------------------------------------------------------
     def _record_timers(self, element: beam_fn_api_pb2.Elements.Timers) -> None:
+        """Sets and clears the timers the harness wrote. A pending timer is kept as its
+        Beam encoding (fired as it is); its id is (encoded user key, family, encoded
+        dynamic timer tag and windows), so equal ids are equal timers."""
         family = (element.transform_id, element.timer_family_id)
-        coder = self._timer_coders[family]
-        key_coder = self._timer_key_coders[family]
         _, domain = self.stage.timer_families[family]
         queue = self.processing_timers if domain == _PROCESSING_TIME else self.event_timers
-        for timer in coder.decode_all(element.timers):
-            key = key_coder.encode_nested(timer.user_key)
-            timer_id = (key, family, timer.dynamic_timer_tag, tuple(timer.windows))
-            if timer.clear_bit:
+        for key, ident, fire, hold, encoded in self._timer_readers[family].read(
+                element.timers):
+            timer_id = (key, family, ident)
+            if fire is None:
                 queue.clear(timer_id)
             else:
-                queue.set(timer_id, timer.fire_timestamp.micros, timer,
-                          timer.hold_timestamp.micros)
+                queue.set(timer_id, fire, encoded, hold)
 
     def _fire(self, due) -> list[Record]:
-        by_family: dict[tuple[str, str], object] = {}
+        by_family: dict[tuple[str, str], list[bytes]] = {}
         for pending in due:
             family = pending.timer_id[1]
-            stream = by_family.get(family)
-            if stream is None:
-                stream = by_family[family] = create_OutputStream()
-            self._timer_coders[family].encode_to_stream(pending.payload, stream, True)
-        fired = {family: [stream.get()] for family, stream in by_family.items()}
+            encoded = by_family.get(family)
+            if encoded is None:
+                by_family[family] = [pending.payload]
+            else:
+                encoded.append(pending.payload)
+        fired = {family: [b''.join(encoded)] for family, encoded in by_family.items()}
         return self._run({}, fired)
 
     def _is_pinned(self, key: bytes) -> bool:
@@ -451,3 +468,121 @@ class FusedStageOperator(Operator):
                 process_bundle_descriptor=beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
                     self.stage.descriptor))
         return self._descriptor
+
+
+class _TimerReader:
+    """Reads a stream of timers in Beam's encoding (`TimerCoderImpl`: user key, dynamic
+    timer tag, windows, clear bit, then unless cleared the firing and hold timestamps
+    and the pane) into its parts, without building Beam's `Timer`s."""
+
+    def __init__(self, key_coder_impl, window_coder: coders.Coder) -> None:
+        self._key = key_coder_impl
+        self._tag = coders.StrUtf8Coder().get_impl()
+        self._windows = coders.TupleSequenceCoder(window_coder).get_impl()
+        self._pane = coders.PaneInfoCoder().get_impl()
+
+    def read(self, data: bytes):
+        """(encoded user key, encoded tag and windows, firing micros or None if the timer
+        is cleared, hold micros, the timer's whole encoding) of each timer."""
+        stream = create_InputStream(data)
+        total = len(data)
+        key_impl, tag_impl, windows_impl, pane_impl = (
+            self._key, self._tag, self._windows, self._pane)
+        while stream.size():
+            start = total - stream.size()
+            key_impl.decode_from_stream(stream, True)
+            key_end = total - stream.size()
+            tag_impl.decode_from_stream(stream, True)
+            windows_impl.decode_from_stream(stream, True)
+            id_end = total - stream.size()
+            if stream.read_byte():  # the clear bit
+                yield data[start:key_end], data[key_end:id_end], None, None, None
+                continue
+            fire = _read_timestamp(stream)
+            hold = _read_timestamp(stream)
+            pane_impl.decode_from_stream(stream, True)
+            yield (data[start:key_end], data[key_end:id_end], fire, hold,
+                   data[start:total - stream.size()])
+
+
+def _read_timestamp(stream) -> int:
+    """Micros of a timestamp in Beam's encoding (`TimestampCoderImpl`: milliseconds as a
+    big-endian int64 with the sign bit flipped)."""
+    millis = stream.read_bigendian_int64()
+    return (millis + _TIME_SHIFT if millis < 0 else millis - _TIME_SHIFT) * 1000
+
+
+class _UserStateContext(bundle_processor.FnApiUserStateContext):
+    """Beam's user state context, but combining states copy their CombineFn by
+    unpickling it rather than by `copy.deepcopy`.
+
+    Beam's `FnApiUserStateContext` gives every combining state (one per key and
+    window a bundle touches) its own deep copy of the spec's CombineFn; a deep copy
+    of even `CountCombineFn` (its type hints included) costs more than the rest of
+    the element's state access. Unpickling a pickle made once gives an equally fresh
+    copy several times faster. A CombineFn that pickle cannot round-trip, or that
+    defines its own `__deepcopy__`, is still deep-copied.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pickled_fns: dict[int, tuple[object, bytes | None]] = {}
+
+    def _create_state(self, state_spec, key, window):
+        if type(state_spec) is not userstate.CombiningValueStateSpec:
+            return super()._create_state(state_spec, key, window)
+        combine_fn = state_spec.combine_fn
+        entry = self._pickled_fns.get(id(combine_fn))
+        if entry is None or entry[0] is not combine_fn:
+            entry = self._pickled_fns[id(combine_fn)] = (
+                combine_fn, _pickled_or_none(combine_fn))
+        if entry[1] is None:
+            return super()._create_state(state_spec, key, window)
+        bag_state = bundle_processor.SynchronousBagRuntimeState(
+            self._state_handler,
+            state_key=beam_fn_api_pb2.StateKey(
+                bag_user_state=beam_fn_api_pb2.StateKey.BagUserState(
+                    transform_id=self._transform_id,
+                    user_state_id=state_spec.name,
+                    window=self._window_coder.encode(window),
+                    key=self._key_coder.encode_nested(key))),
+            value_coder=state_spec.coder)
+        return bundle_processor.CombiningValueRuntimeState(bag_state, pickle.loads(entry[1]))
+
+
+@contextlib.contextmanager
+def _cheap_combining_state():
+    """Bundle processors built in this block use `_UserStateContext` (the harness
+    looks Beam's class up by name when it builds a stateful ParDo)."""
+    previous = bundle_processor.FnApiUserStateContext
+    bundle_processor.FnApiUserStateContext = _UserStateContext
+    try:
+        yield
+    finally:
+        bundle_processor.FnApiUserStateContext = previous
+
+
+def _pickled_or_none(combine_fn) -> bytes | None:
+    if hasattr(type(combine_fn), '__deepcopy__'):
+        return None
+    try:
+        pickled = pickle.dumps(combine_fn, pickle.HIGHEST_PROTOCOL)
+        pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - anything pickle cannot round-trip is deep-copied
+        return None
+    return pickled
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Pauses Python's cyclic garbage collector while a partition's state is encoded or
+    rebuilt: those allocate many objects and free none in cycles, and every collection
+    they would trigger scans the whole (large) heap of a worker."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

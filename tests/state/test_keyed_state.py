@@ -6,6 +6,9 @@ cell contents, filtered and sorted the slow way.
 
 from __future__ import annotations
 
+import pickle
+import struct
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -319,3 +322,158 @@ def test_ordered_list_same_sort_key_keeps_insertion_order():
     assert store.ordered_range(b'k', cell, 5, 5) == []
     store.ordered_clear(b'k', cell, 5, 6)
     assert store.ordered_range(b'k', cell, 0, 10) == [b'y']
+
+
+# KeyedStateStore: encoded keys, restored eagerly and lazily ----------------------
+
+# Few keys, so that operations after a restore keep meeting restored keys.
+FEW_KEYS = st.sampled_from([b'', b'a', b'\xff'])
+
+
+def encoded_store(store: KeyedStateStore) -> dict[bytes, bytes]:
+    """Every key's value as `encode_key` gives it (keys holding nothing left out)."""
+    values = {key: store.encode_key(key) for key in store.keys() | set(store.index.keys())}
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def decoded_value(value: bytes):
+    """(cells, ordered cells, windows) of an `encode_key` value."""
+    restored = KeyedStateStore()
+    restored.restore_key(b'k', value)
+    return (restored._cells.get(b'k'), restored._ordered.get(b'k'),
+            restored.index.windows(b'k'))
+
+
+class LazyRestoreMachine(RuleBasedStateMachine):
+    """A store, and the stores restored from its encoding eagerly (`restore_key`) and
+    lazily (`restore_keys`) at random points, take the same random operations and
+    must stay indistinguishable: contents, keys, index, and what they encode."""
+
+    def __init__(self):
+        super().__init__()
+        self.stores = [KeyedStateStore()]
+        for store in self.stores:
+            store.track_changes()
+
+    @rule(key=FEW_KEYS, cell=CELLS, data=DATA)
+    def append(self, key, cell, data):
+        for store in self.stores:
+            store.append(key, cell, data)
+
+    @rule(key=FEW_KEYS, cell=CELLS)
+    def clear(self, key, cell):
+        for store in self.stores:
+            store.clear(key, cell)
+
+    @rule(key=FEW_KEYS, cell=CELLS, sort_key=SORT_KEYS, data=DATA)
+    def ordered_add(self, key, cell, sort_key, data):
+        for store in self.stores:
+            store.ordered_add(key, cell, sort_key, data)
+
+    @rule(key=FEW_KEYS, cell=CELLS, start=SORT_KEYS, end=SORT_KEYS)
+    def ordered_clear(self, key, cell, start, end):
+        for store in self.stores:
+            store.ordered_clear(key, cell, start, end)
+
+    @rule(key=FEW_KEYS, ts=TIMESTAMPS)
+    def add_window(self, key, ts):
+        for store in self.stores:
+            store.index.add_window(key, ts)
+
+    @rule(watermark=st.integers(-15, 25), pinned=st.sets(FEW_KEYS, max_size=2))
+    def expire(self, watermark, pinned):
+        deleted = [sorted(store.expire(watermark, 1, pinned.__contains__))
+                   for store in self.stores]
+        assert all(d == deleted[0] for d in deleted)
+
+    @rule(key=FEW_KEYS, cell=CELLS)
+    def read(self, key, cell):
+        seen = [(store.get(key, cell), store.ordered_range(key, cell, -100, 100),
+                 sorted(store.cells_with_prefix(key, cell[:2])))
+                for store in self.stores]
+        assert all(s == seen[0] for s in seen)
+
+    @rule()
+    def restore(self):
+        values = encoded_store(self.stores[0])
+        eager, lazy = KeyedStateStore(), KeyedStateStore()
+        for key, value in values.items():
+            eager.restore_key(key, value)
+        lazy.restore_keys(values.items())
+        for store in (eager, lazy):
+            store.track_changes()
+        # Keep at most the live store and the last two restored ones.
+        self.stores = [self.stores[0], eager, lazy]
+
+    @invariant()
+    def indistinguishable(self):
+        live = self.stores[0]
+        changed = [set(store._changed) for store in self.stores]
+        for store in self.stores[1:]:
+            assert store.keys() == live.keys()
+            assert len(store) == len(live)
+            assert store.live_keys() == live.live_keys()
+            assert set(store.index.keys()) == set(live.index.keys())
+            assert sorted(store.index.candidates(100)) == sorted(live.index.candidates(100))
+            assert ({key: decoded_value(value) for key, value in encoded_store(store).items()}
+                    == {key: decoded_value(value)
+                        for key, value in encoded_store(live).items()})
+        for store, before in zip(self.stores, changed, strict=True):
+            assert store._changed == before  # encoding records no change
+
+
+LazyRestoreMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None)
+TestLazyRestore = LazyRestoreMachine.TestCase
+
+
+def test_lazily_restored_keys_stay_encoded_until_used():
+    store = KeyedStateStore()
+    cell = ('t', 's', b'w')
+    for key in (b'a', b'b', b'c'):
+        store.append(key, cell, key * 2)
+        store.ordered_add(key, cell, 3, b'o')
+        store.index.add_window(key, 7)
+    store.index.add_window(b'c', 9)
+    store.index.add_window(b'only-window', 4)
+    values = encoded_store(store)
+
+    lazy = KeyedStateStore()
+    lazy.restore_keys(values.items())
+    lazy.track_changes()
+    # Nothing decoded, but the index is complete and every key counts.
+    assert set(lazy._raw) == {b'a', b'b', b'c'} and not lazy._cells and not lazy._ordered
+    assert lazy.keys() == {b'a', b'b', b'c'} and lazy.live_keys() == 4
+    assert sorted(lazy.index.candidates(7)) == [b'a', b'b', b'c', b'only-window']
+    assert lazy.index.windows(b'c') == [7, 9]
+    # An untouched key encodes to the very bytes it was restored from.
+    assert {key: lazy.encode_key(key) for key in values} == values
+    # First use decodes only that key.
+    assert lazy.get(b'b', cell) == [b'bb']
+    assert set(lazy._raw) == {b'a', b'c'}
+    lazy.append(b'a', cell, b'x')
+    assert lazy.get(b'a', cell) == [b'aa', b'x']
+    assert lazy.ordered_range(b'a', cell, 0, 10) == [b'o']
+    assert lazy.take_changed() == {b'a'}
+    # Deleting an undecoded key drops its bytes and reports the change.
+    lazy.delete_key(b'c')
+    assert lazy.keys() == {b'a', b'b'} and lazy.encode_key(b'c') is None
+    assert lazy.take_changed() == {b'c'}
+
+
+def test_a_value_unpickles_to_the_cells_and_ends_with_the_windows():
+    store = KeyedStateStore()
+    store.append(b'k', ('t', 's', b'w'), b'v')
+    store.ordered_add(b'k', ('t', 'o', b'w'), 2, b'x')
+    for ts in (5, -3, 2**62):
+        store.index.add_window(b'k', ts)
+    value = store.encode_key(b'k')
+    cells, ordered = pickle.loads(value)  # the windows trail the pickle
+    assert cells == [(('t', 's', b'w'), [b'v'])]
+    assert ordered == [(('t', 'o', b'w'), [(2, [b'x'])])]
+    assert value.endswith(struct.pack('<3qI', -3, 5, 2**62, 3))
+    assert decoded_value(value)[2] == [-3, 5, 2**62]
+    # A key holding only windows, and one holding nothing.
+    store.index.add_window(b'bare', 1)
+    assert pickle.loads(store.encode_key(b'bare')) == ([], [])
+    assert store.encode_key(b'absent') is None

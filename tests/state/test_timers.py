@@ -220,3 +220,26 @@ def test_same_timestamp_timers_of_one_key_fire_in_arrival_order():
     while queue:
         order.extend(t.timer_id[1] for t in queue.pop_due(5))
     assert order == ['first', 'second', 'third']
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=timer_sets, second=timer_sets)
+def test_restore_over_pending_timers_replaces_those_with_the_same_id(first, second):
+    """A bulk restore into a queue that holds timers (the replacing path) equals one
+    restore of the merged timers into an empty queue (the fast path)."""
+    first_batch = [(seq, (timer_id, fire, fire, 'first'))
+                   for seq, (timer_id, fire) in enumerate(first.items())]
+    second_batch = [(len(first) + seq, (timer_id, fire, fire - 1, 'second'))
+                    for seq, (timer_id, fire) in enumerate(second.items())]
+    queue = TimerQueue()
+    queue.restore(first_batch)
+    queue.restore(second_batch)
+    merged = {fields[0]: (seq, fields) for seq, fields in first_batch + second_batch}
+    fresh = TimerQueue()
+    fresh.restore(merged.values())
+    assert queue._by_id == fresh._by_id
+    assert list(queue._by_time) == list(fresh._by_time)
+    assert list(queue._holds) == list(fresh._holds)
+    assert queue._ids_by_key == fresh._ids_by_key
+    assert queue.next_seq == fresh.next_seq == len(first) + len(second)
+    assert queue.pop_due(100) == fresh.pop_due(100)
