@@ -99,9 +99,9 @@ from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.generator import event_at
 from benchmarks.nexmark.sources import (
     UnboundedNexmarkFn,
+    end_call,
     pacing_step,
     part_rate,
-    resume_delay_s,
     unbounded_parts,
 )
 
@@ -272,12 +272,7 @@ class ChurnSourceFn(beam.DoFn, RestrictionProvider, WatermarkEstimatorProvider):
             timestamp = churn.timestamp(i)
             watermark_estimator.advance(timestamp)
             yield window.TimestampedValue((churn.key(i), 1), timestamp)
-        if delay is None:
-            watermark_estimator.exhaust()
-            return
-        if rate is not None:
-            delay = resume_delay_s(end, time.time() - origin, rate)
-        tracker.defer_remainder(Duration(seconds=delay))
+        end_call(tracker, watermark_estimator, end, delay, rate, lambda: time.time() - origin)
 
 
 class CountUntilWindowEnd(beam.DoFn):

@@ -207,6 +207,20 @@ def resume_delay_s(offset: int, elapsed_s: float, part_rate: float) -> float:
     return max(0.0, offset / part_rate - elapsed_s)
 
 
+def end_call(tracker, watermark_estimator, end: int, delay: float | None,
+             rate: float | None, elapsed_s: Callable[[], float]) -> None:
+    """Ends one `process` call of a paced part after it emitted offsets up to `end`
+    (`pacing_step` gave `delay`): the part is exhausted (delay None), or it resumes
+    when its next event is due, recomputed after the emission, which took time
+    (`elapsed_s()`: seconds since the part's pacing origin), or at once if unpaced."""
+    if delay is None:
+        watermark_estimator.exhaust()
+        return
+    if rate is not None:
+        delay = resume_delay_s(end, elapsed_s(), rate)
+    tracker.defer_remainder(Duration(seconds=delay))
+
+
 def part_rate(rate: float, part_size: int, total_events: int) -> float:
     """A part's share of the overall `rate` (events/s over all parts): proportional to its
     size, so every part ends at the same time."""
@@ -373,13 +387,8 @@ class UnboundedNexmarkFn(beam.DoFn, NexmarkRestrictionProvider,
             timestamp = event.timestamp
             watermark_estimator.advance(timestamp)
             yield TimestampedValue(event.event, timestamp)
-        if delay is None:
-            watermark_estimator.exhaust()
-            return
-        if rate is not None:
-            # Recompute after emitting: the emission itself took time.
-            delay = resume_delay_s(end, self._clock() - origin, rate)
-        tracker.defer_remainder(Duration(seconds=delay))
+        end_call(tracker, watermark_estimator, end, delay, rate,
+                 lambda: self._clock() - origin)
 
 
 class ReadUnboundedNexmarkEvents(beam.PTransform):
