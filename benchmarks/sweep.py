@@ -608,9 +608,11 @@ def _legend_below(fig, axes) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
-    ncol = min(4, max(1, len(entries)))
+    width, height = fig.get_size_inches()
+    # Case names are long: about 2.6 inches a column, so a one-panel figure is not
+    # wider than its legend.
+    ncol = max(1, min(4, len(entries), int(width // 2.6)))
     legend_rows = -(-len(entries) // ncol)
-    height = fig.get_size_inches()[1]
     if entries:
         fig.legend(list(entries.values()), list(entries), loc='lower center', ncol=ncol,
                    fontsize=8, frameon=False)
@@ -652,7 +654,7 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
                                linewidth=0.8)
         _log_axes(ax, 'elements/s', panel_title(panel))
     _legend_below(fig, axes)
-    fig.savefig(os.path.join(out, 'sweep_throughput.png'), dpi=110)
+    fig.savefig(os.path.join(out, 'sweep_throughput.png'), dpi=110, bbox_inches='tight')
     plt.close(fig)
 
     # Latency vs bundle size.
@@ -667,7 +669,7 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
                             label=case if style == '-' else None)
         _log_axes(ax, 'latency (s)', panel_title(panel))
     _legend_below(fig, axes)
-    fig.savefig(os.path.join(out, 'sweep_latency.png'), dpi=110)
+    fig.savefig(os.path.join(out, 'sweep_latency.png'), dpi=110, bbox_inches='tight')
     plt.close(fig)
 
     # Latency vs bundle time + epoch length.
@@ -696,7 +698,7 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
     ax.set_title('Latency vs bundle time + epoch length (StreamsSparkRunner)')
     ax.grid(which='both', alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, 'sweep_latency_vs_epoch.png'), dpi=110)
+    fig.savefig(os.path.join(out, 'sweep_latency_vs_epoch.png'), dpi=110, bbox_inches='tight')
     plt.close(fig)
 
 
