@@ -12,6 +12,10 @@
 * `same_as_direct_streaming(build)` runs a pipeline with `--streaming` on both
   runners; outputs are written by a side-effect DoFn (`WriteLines`, one file per
   bundle, with window, timestamp and pane), so it needs no file sink.
+* `streaming_stage(p, select)` (module fixture): the worker runtime and the one
+  stage `select` picks of pipeline `p`, planned for streaming, to drive a
+  stage's operators directly; `stateful_stage(p)` (module fixture): for the
+  stateful stage of `p`, an operator factory and an encoder of its keyed input.
 * Test modules under `tests/` are pickled by value (not by reference), so the
   DoFns and functions they define at module level can be unpickled in Spark's
   Python workers, which cannot import the test modules.
@@ -30,10 +34,16 @@ import pytest
 from apache_beam.internal import cloudpickle as beam_cloudpickle
 from apache_beam.io import WriteToText
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
 from apache_beam.testing import test_stream
-from apache_beam.transforms import window
+from apache_beam.transforms import environments, window
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner import StreamsSparkRunner
+from beam_streams_runner.batch_driver import worker_plan
+from beam_streams_runner.plan import build_plan
+from beam_streams_runner.translators.par_do import FusedStageOperator
 
 SPARK_ARGS = ['--spark_master=local[2]']
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -238,3 +248,51 @@ def events_with_late_data() -> test_stream.TestStream:
             .add_elements([window.TimestampedValue(('a', 2), 2)])  # late: dropped
             .add_elements([window.TimestampedValue(('b', 11), 11)])
             .advance_watermark_to_infinity())
+
+
+@pytest.fixture(scope='module')
+def streaming_stage():
+    """`plan(p, select) -> (runtime, stage)`: pipeline `p` planned for streaming, its
+    worker runtime and the one stage `select(stage)` picks; plans close with the module."""
+    plans = []
+
+    def plan(p: beam.Pipeline, select: Callable) -> tuple:
+        p.visit(group_by_key_input_visitor(True))
+        built = build_plan(p.to_runner_api(
+            default_environment=environments.EmbeddedPythonEnvironment.default()),
+            streaming=True)
+        plans.append(built)
+        runtime = worker_plan(built, f'test-{uuid.uuid4().hex}', 100, 1).runtime()
+        stage, = [s for s in built.stages if select(s)]
+        return runtime, stage
+
+    yield plan
+    for built in plans:
+        built.close()
+
+
+@pytest.fixture(scope='module')
+def stateful_stage(streaming_stage):
+    """`operators(p) -> (make, encode)`: make a streaming FusedStageOperator of the
+    stateful stage of `p`; encode `(key, value, t)` elements in 10 s fixed windows
+    as its keyed input records."""
+    return lambda p: _fused_operators(*streaming_stage(p, lambda s: s.stateful))
+
+
+def _fused_operators(runtime, stage) -> tuple[Callable, Callable]:
+    (input_id, _), = stage.inputs.items()
+    coder = runtime.coder_impl(stage.input_coders[input_id])
+
+    def make() -> FusedStageOperator:
+        return FusedStageOperator(runtime, stage, {}, 100, streaming=True)
+
+    def encode(elements) -> list[tuple[str, bytes]]:
+        if not elements:
+            return []
+        return [(input_id, b''.join(
+            coder.encode_nested(WindowedValue(
+                (key, value), Timestamp(t),
+                (window.IntervalWindow(t - t % 10, t - t % 10 + 10),)))
+            for key, value, t in elements))]
+
+    return make, encode

@@ -15,24 +15,20 @@ from __future__ import annotations
 import copy
 import pickle
 import random
-import uuid
 
 import apache_beam as beam
 import pytest
 from apache_beam.coders import coders
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
 from apache_beam.runners.worker import bundle_processor
-from apache_beam.transforms import combiners, environments, userstate, window
+from apache_beam.transforms import combiners, userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
-from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.batch_driver import worker_plan
 from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.plan import build_plan
 from beam_streams_runner.translators.par_do import (
     FusedStageOperator,
     _pickled_or_none,
@@ -201,40 +197,19 @@ _COMPACTIONS = random.Random()
 
 
 @pytest.fixture(scope='module')
-def fused_stage():
+def fused_stage(stateful_stage):
     """(make operator, encode elements) for the stateful stage of a small pipeline."""
     p = beam.Pipeline(options=PipelineOptions(['--streaming']))
     _ = (p | beam.Impulse()
          | beam.Map(lambda _: ('k', 0)).with_output_types(tuple[str, int])
          | beam.WindowInto(window.FixedWindows(10))
          | beam.ParDo(_CountAndFlush()) | beam.Reshuffle())
-    p.visit(group_by_key_input_visitor(True))
-    proto = p.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
-    plan = build_plan(proto, streaming=True)
     draws = pytest.MonkeyPatch()
     draws.setattr(bundle_processor, 'random', _COMPACTIONS)
     try:
-        runtime = worker_plan(plan, f'test-{uuid.uuid4().hex}', 100, 1).runtime()
-        stage, = [s for s in plan.stages if s.stateful]
-        (input_id, _), = stage.inputs.items()
-        coder = runtime.coder_impl(stage.input_coders[input_id])
-
-        def make() -> FusedStageOperator:
-            return FusedStageOperator(runtime, stage, {}, 100, streaming=True)
-
-        def encode(elements) -> list[tuple[str, bytes]]:
-            if not elements:
-                return []
-            return [(input_id, b''.join(
-                coder.encode_nested(WindowedValue(
-                    (key, value), Timestamp(t),
-                    (window.IntervalWindow(t - t % 10, t - t % 10 + 10),)))
-                for key, value, t in elements))]
-
-        yield make, encode
+        yield stateful_stage(p)
     finally:
         draws.undo()
-        plan.close()
 
 
 def run_epoch(op: FusedStageOperator, encode, epoch):

@@ -20,24 +20,20 @@ from __future__ import annotations
 
 import pickle
 import random
-import uuid
 
 import apache_beam as beam
 import pytest
 from apache_beam.coders import coders
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
-from apache_beam.transforms import environments, userstate, window
+from apache_beam.transforms import userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.batch_driver import worker_plan
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.partition_cache import PartitionOperatorCache
-from beam_streams_runner.plan import build_plan
 from beam_streams_runner.translators.side_input_gate import CorruptGateStateError, SideInputGate
 
 MAIN_WINDOWS = window.SlidingWindows(10, 5)
@@ -79,7 +75,7 @@ class GateStage:
 
 
 @pytest.fixture(scope='module', params=['stateless', 'stateful'])
-def gate_stage(request):
+def gate_stage(request, streaming_stage):
     p = beam.Pipeline(options=PipelineOptions(['--streaming']))
     source = (p | beam.Impulse()
               | beam.Map(lambda _: ('a', 0)).with_output_types(tuple[str, int]))
@@ -92,16 +88,9 @@ def gate_stage(request):
         _ = main | beam.ParDo(_Stateful(), **sides)
     else:
         _ = main | beam.Map(lambda kv, a, b: kv, **sides)
-    p.visit(group_by_key_input_visitor(True))
-    proto = p.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
-    plan = build_plan(proto, streaming=True)
-    try:
-        runtime = worker_plan(plan, f'test-{uuid.uuid4().hex}', 100, 1).runtime()
-        stage, = [s for s in plan.stages if s.side_inputs]
-        assert bool(stage.key_coders) == (request.param == 'stateful')
-        yield GateStage(runtime, stage)
-    finally:
-        plan.close()
+    runtime, stage = streaming_stage(p, lambda s: s.side_inputs)
+    assert bool(stage.key_coders) == (request.param == 'stateful')
+    return GateStage(runtime, stage)
 
 
 def seconds(t: float) -> int:
