@@ -159,7 +159,7 @@ class TimerQueue:
             timer = PendingTimer._make(fields)
             batch[timer.timer_id] = (seq, timer)
         by_time, holds = [], []
-        by_id, ids_by_key = self._by_id, self._ids_by_key
+        by_id = self._by_id
         replacing = bool(by_id)
         next_seq = self._next_seq
         for timer_id, (seq, timer) in batch.items():
@@ -169,12 +169,7 @@ class TimerQueue:
             by_id[timer_id] = (fire_timestamp, seq, timer)
             by_time.append((fire_timestamp, seq, timer_id))
             holds.append((timer.hold_timestamp, seq))
-            key = _key_of(timer_id)
-            ids = ids_by_key.get(key)
-            if ids is None:
-                ids_by_key[key] = {timer_id}
-            else:
-                ids.add(timer_id)
+            self._index_by_key(timer_id)
             if seq >= next_seq:
                 next_seq = seq + 1
         self._next_seq = next_seq

@@ -37,7 +37,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from apache_beam.internal.cloudpickle import cloudpickle
 from apache_beam.runners.direct.clock import RealClock
 from apache_beam.transforms import trigger
-from apache_beam.transforms.core import Windowing
 from apache_beam.transforms.timeutil import DependsOnlyOnWindow, TimeDomain
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampCombiner
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
@@ -525,10 +524,10 @@ def _compact_holds(state: trigger.InMemoryUnmergedState) -> None:
             tagged[_HOLD_TAG] = [min(holds), max(holds)]
 
 
-# The tag under which `GeneralTriggerDriver` keeps a window's watermark holds (the
-# name `InMemoryUnmergedState.get_earliest_hold` reads).
-_HOLD_TAG = trigger.GeneralTriggerDriver(
-    Windowing(GlobalWindows()), RealClock()).WATERMARK_HOLD.tag
+# The tag of a window's watermark holds: the name Beam's
+# `InMemoryUnmergedState.get_earliest_hold` reads (it assumes it, as does Beam's
+# `GeneralTriggerDriver.WATERMARK_HOLD`).
+_HOLD_TAG = 'watermark'
 
 
 # A key's entry in the versioned state: the length of its header, the header
