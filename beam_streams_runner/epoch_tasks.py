@@ -6,10 +6,11 @@ partition:
 1. takes the operators of its partition: stateless ones are built afresh;
    stateful ones (GroupByKey buffers and triggers, stateful DoFns' keyed state
    and timers) come from `PartitionOperatorCache` at version epoch-1;
-2. runs the epoch's bundles through them (SDF residuals the driver fed back
-   are bundles too); a stage reading a source then reads on, bundle after
-   bundle, for the epoch's read budget (`read_on`), so that an epoch is one
-   Spark job however small the bundles are;
+2. runs the epoch's bundles through them; a stage reading a source then reads
+   its restrictions (the SDF residuals the driver dealt it, `DueResiduals`, and
+   what its own bundles left) bundle after bundle, furthest behind first, for
+   the epoch's read budget (`read_on`), so that an epoch is one Spark job
+   however small the bundles are;
 3. collects the `Punctuation`s of its input channels: every upstream partition
    sends its watermark after the data it produced this epoch, so once the
    input is consumed the input watermark is the minimum over all channels;
@@ -57,6 +58,15 @@ class EpochInfo:
     bundle_time_ms: int
     read_budget_ms: int  # how long a source stage's task reads on (see `read_on`)
     keyed_state_gc: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class DueResiduals:
+    """The SDF residuals due this epoch that the driver deals to one task of a source
+    stage: `read_on` reads them, not the input loop, so that a restriction ahead of the
+    others waits instead of reading a bundle every epoch."""
+
+    residuals: tuple[Residual, ...]
 
 
 class PartitionReport(NamedTuple):
@@ -132,7 +142,10 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 yield from _each(operator.process_bundle,
                                  gate.on_side_watermarks(side_view.watermarks))
             for input_id, payload in records:
-                if isinstance(payload, Punctuation):
+                if isinstance(payload, DueResiduals):
+                    operator.residuals.extend(
+                        r._replace(resume_delay_s=0.0) for r in payload.residuals)
+                elif isinstance(payload, Punctuation):
                     heard[payload.channel] = max(
                         payload.watermark, heard.get(payload.channel, MIN_WATERMARK))
                 elif grouping is not None:
@@ -190,7 +203,16 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
 
 def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
     """Reads the residuals of a source stage's restrictions on, one bundle each in
-    turn, while one is due at once and `deadline` (time.monotonic()) is not reached.
+    turn, while one is due at once and `deadline` (time.monotonic()) is not reached;
+    the first bundle is read even past the deadline, so every task moves on.
+
+    The furthest-behind restriction reads first (lowest watermark, then earliest due):
+    the stage's watermark is their minimum, and a restriction left behind while the
+    others read ahead would keep every key read ahead alive in downstream state. So
+    a restriction ahead of the others waits until they catch up (Flink calls this
+    watermark alignment). Reading each restriction a bundle per epoch instead lets
+    their event times drift apart without bound when they advance at different
+    event-time paces (NEXMark parts of 12 and 13 timelines under time-cut bundles).
 
     A residual due now means backlog (a runner checkpoint after a full bundle, or
     an input element not read yet); one due later is a source waiting for data (a
@@ -201,11 +223,8 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
     now = time.monotonic()
     pending = [(now + r.resume_delay_s, r) for r in operator.residuals]
     operator.residuals = []
-    while pending and now < deadline:
-        # The furthest-behind restriction first (lowest watermark, then earliest due):
-        # restrictions move on together, so the stage's watermark, their minimum, does
-        # not wait on one left behind while the others read ahead (keeping every key
-        # read ahead alive in downstream state).
+    read_any = False
+    while pending and (now < deadline or not read_any):
         due = [item for item in pending if item[0] <= now]
         if not due:
             break
@@ -213,6 +232,7 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
         pending.remove(item)
         residual = item[1]
         yield from operator.process_bundle([(residual.input_id, residual.element)])
+        read_any = True
         now = time.monotonic()
         pending.extend((now + r.resume_delay_s, r) for r in operator.residuals)
         operator.residuals = []

@@ -4,10 +4,11 @@ Each epoch is one Spark job running every stage of the pipeline once, with
 watermarks in band (`records.Punctuation`, see `epoch_tasks`). Between epochs
 the driver keeps what belongs to the sources: the residual restrictions of
 every splittable DoFn (with their resume times and watermark holds), the events
-of a TestStream still to play, and the processing-time clock. In an epoch every
-restriction that is due is read bundle after bundle (each at most `bundle_size`
-elements or `bundle_time_ms`) for the epoch's read budget; what is left comes
-back as a residual. Stateful operators live in their partitions across epochs
+of a TestStream still to play, and the processing-time clock. In an epoch the
+restrictions that are due are dealt to the source stage's tasks and read,
+furthest behind first, bundle after bundle (each at most `bundle_size` elements
+or `bundle_time_ms`) for the epoch's read budget; what is left comes back as a
+residual. Stateful operators live in their partitions across epochs
 (`partition_cache`).
 
 Adaptive epochs: an epoch costs a fixed part (scheduling, shuffles, state) on
@@ -59,6 +60,7 @@ from beam_streams_runner.batch_driver import (
     worker_plan,
 )
 from beam_streams_runner.epoch_tasks import (
+    DueResiduals,
     EpochInfo,
     PartitionReport,
     ReportsAccumulator,
@@ -344,13 +346,14 @@ class StreamingDriver:
                 _keyed_shuffle_fn(plan_bc, coder_id, key_coder_id, input_id)
             ).partitionBy(self.num_partitions, identity).values())
         if residuals:
-            # Slowest (lowest watermark) first: Spark's slices never shrink from the
-            # first to the last, so the restrictions furthest behind share a task with
-            # the fewest others and get the most of its read budget.
+            # Dealt by rank, the slowest to task 0, the next to task 1, ...: each task
+            # reads its furthest-behind restriction first (`read_on`), so the slowest of
+            # the whole stage read at once. One record per slice: Spark gives each its own.
             ordered = sorted(residuals, key=lambda r: r.watermark)
+            slices = min(len(ordered), self.num_partitions)
             inputs.append(sc.parallelize(
-                [(r.input_id, r.element) for r in ordered],
-                min(len(residuals), self.num_partitions)))
+                [('', DueResiduals(tuple(ordered[i::slices]))) for i in range(slices)],
+                slices))
         source = inputs[0] if len(inputs) == 1 else sc.union(inputs)
         metrics, warnings, reports, name = self.metrics, self.warnings, self.reports, stage.name
 

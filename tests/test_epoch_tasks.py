@@ -54,9 +54,21 @@ def test_a_restriction_waiting_for_data_goes_back_to_the_driver():
     assert left.element == b'paced' and 29.0 < left.resume_delay_s <= 30.0
 
 
-def test_the_budget_ends_reading_and_keeps_what_is_left():
-    source = _ScriptedSource({b'a': 1000}, {})
+def test_the_budget_ends_reading_after_one_bundle_and_keeps_what_is_left():
+    source = _ScriptedSource({b'a': 1000, b'b': 1000}, {})
     list(read_on(source, time.monotonic() - 1))
-    assert source.order == []
-    assert [r.element for r in source.residuals] == [b'a']
-    assert source.residuals[0].resume_delay_s == 0.0
+    assert source.order == [b'a']
+    assert sorted(r.element for r in source.residuals) == [b'a', b'b']
+    assert all(r.resume_delay_s == 0.0 for r in source.residuals)
+
+
+def test_restrictions_at_different_paces_stay_together_over_epochs():
+    # Each epoch's budget reads one bundle of the three. Read a bundle each per epoch,
+    # their watermarks would drift apart by 2 per epoch (steps 12 vs 14).
+    steps = {b'a': 12, b'b': 13, b'c': 14}
+    source = _ScriptedSource(dict.fromkeys(steps, 10_000), {}, steps=steps)
+    for _ in range(300):
+        list(read_on(source, time.monotonic() - 1))
+    assert max(source.watermarks.values()) - min(source.watermarks.values()) <= max(
+        steps.values())
+    assert len(source.order) == 300
