@@ -32,7 +32,6 @@ from typing import NamedTuple
 from pyspark import AccumulatorParam
 
 from beam_streams_runner.errors import StageExecutionError
-from beam_streams_runner.metrics import MetricTotals
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.partition_cache import PartitionOperatorCache
 from beam_streams_runner.records import Punctuation, Record
@@ -174,9 +173,9 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
             yield from operator.on_watermark('input', input_watermark)
             yield from operator.on_processing_time(epoch.processing_time)
         finally:
-            if operator.metrics:
-                metrics_acc.add(operator.metrics)
-                operator.metrics = MetricTotals()
+            totals = operator.metrics.take()
+            if totals is not None:
+                metrics_acc.add(totals)
     output_watermark = min(operator.output_watermark(), operator.residual_hold(),
                            epoch.holds.get(stage_name, MAX_WATERMARK),
                            gate.hold() if gate is not None else MAX_WATERMARK)

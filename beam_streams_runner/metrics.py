@@ -1,14 +1,14 @@
 """User metrics gathered from Spark tasks and queried from the pipeline result.
 
-Every harness bundle reports its metrics as Fn API MonitoringInfos; a task
-merges them (`MetricTotals`) and sends the totals to the driver through a Spark
-accumulator, where the totals of all tasks are merged again. Merging follows
-each metric kind's own rule (counters add up, distributions and gauges and
-string sets and bounded tries `combine`), so a string set seen in two tasks is
-the union, not the last one. The streaming driver adds gauges of its own
-(`RUNNER_NAMESPACE`): per stateful step, the live keyed states, timers and
-pushed-back side-input elements summed over its partitions after each epoch.
-`StreamsSparkMetrics` answers Beam's
+A task folds the metric cells of every harness bundle it runs (`MetricCells`),
+turns them into Fn API MonitoringInfos once, merges those (`MetricTotals`) and
+sends the totals to the driver through a Spark accumulator, where the totals of
+all tasks are merged again. Merging follows each metric kind's own rule
+(counters add up, distributions and gauges and string sets and bounded tries
+`combine`), so a string set seen in two tasks is the union, not the last one.
+The streaming driver adds gauges of its own (`RUNNER_NAMESPACE`): per stateful
+step, the live keyed states, timers and pushed-back side-input elements summed
+over its partitions after each epoch. `StreamsSparkMetrics` answers Beam's
 `MetricResults.query` over the merged totals (Beam's `FnApiMetrics` query).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from apache_beam.metrics.cells import GaugeData, GaugeResult
+from apache_beam.metrics.cells import GaugeData, GaugeResult, HistogramCell
 from apache_beam.metrics.execution import MetricKey
 from apache_beam.metrics.metricbase import MetricName
 from apache_beam.runners.portability import portable_metrics
@@ -63,6 +63,40 @@ class MetricTotals:
         for store, part in zip(self.parts, parts, strict=True):
             for key, value in part.items():
                 store[key] = value if key not in store else _combine(store[key], value)
+
+
+class MetricCells:
+    """The user metric cells of the harness bundles a task ran, folded per step.
+
+    Building and parsing the MonitoringInfo protos of every bundle was 6% of the
+    worker time of a ParDo at bundle size 10; a fold is one `combine` per cell, and
+    the protos are built once per task (`take`), as Beam's own containers build them.
+    """
+
+    def __init__(self) -> None:
+        self._cells: dict[tuple[str, object], object] = {}
+
+    def fold(self, transform_id: str, cells: dict) -> None:
+        """Adds one bundle's cells (a harness operation's `metrics_container.metrics`)."""
+        for key, cell in cells.items():
+            if isinstance(cell, HistogramCell):
+                continue  # worker-local in Beam: it has no MonitoringInfo
+            held = self._cells.get((transform_id, key))
+            # combine() returns a new cell, so the bundle's own (reset when its
+            # processor is released) is never held.
+            self._cells[(transform_id, key)] = cell.combine(
+                type(cell)() if held is None else held)
+
+    def take(self) -> MetricTotals | None:
+        """The totals of the cells folded since the last call, or None if none were."""
+        if not self._cells:
+            return None
+        totals = MetricTotals()
+        totals.add_monitoring_infos(
+            cell.to_runner_api_monitoring_info(key.metric_name, transform_id)
+            for (transform_id, key), cell in self._cells.items())
+        self._cells = {}
+        return totals
 
 
 class MetricTotalsAccumulator(AccumulatorParam):

@@ -105,8 +105,9 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
                 yield from operator.process_bundle([(input_id, chunk)])
             yield from operator.on_watermark('input', MAX_WATERMARK)
         finally:
-            if operator.metrics:
-                metrics_acc.add(operator.metrics)
+            totals = operator.metrics.take()
+            if totals is not None:
+                metrics_acc.add(totals)
 
 
 def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_id: str,

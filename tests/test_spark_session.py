@@ -92,6 +92,7 @@ def test_new_session_gets_the_options():
     """Starts a real local Spark, in a subprocess so that no session leaks into other tests."""
     script = textwrap.dedent('''
         import os
+        import sys
         from apache_beam.options.pipeline_options import PipelineOptions
         from beam_streams_runner.options import StreamsSparkOptions
         from beam_streams_runner.spark_session import get_or_create_spark
@@ -108,16 +109,26 @@ def test_new_session_gets_the_options():
             with open(f'/proc/{os.getppid()}/cmdline', 'rb') as f:
                 return f.read().split(b'\\0')[2].decode()
 
+        def kept_archives(_):
+            import zipimport
+            fixed = getattr(sys.modules['__main__'], '_FIXED_ARCHIVES', ())
+            names = {os.path.basename(path).split('-')[0] for path in fixed}
+            return (zipimport.zipimporter.invalidate_caches.__name__,
+                    {'pyspark.zip', 'py4j'} <= names)
+
         print('RESULT', sc.master, sc.appName, sc.defaultParallelism,
               conf.get('spark.app.id.custom'), conf.get('spark.python.worker.reuse'),
               ','.join(seeds), get_or_create_spark(opts, 'again') is spark,
-              sc.parallelize([0], 1).map(forked_from).first())
+              sc.parallelize([0], 1).map(forked_from).first(),
+              sc.parallelize([0], 1).map(kept_archives).first())
         spark.stop()
     ''')
     proc = subprocess.run([sys.executable, '-c', script], check=False, capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = [line for line in proc.stdout.splitlines() if line.startswith('RESULT')]
-    # Python workers fork from the runner's daemon, which imported Beam already.
+    # Python workers fork from the runner's daemon, which imported Beam already and
+    # keeps the directories of PySpark's own archives read once.
     assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True '
-                      'beam_streams_runner.worker_daemon'], proc.stdout
+                      "beam_streams_runner.worker_daemon ('_invalidate_caches', True)"
+                      ], proc.stdout

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import gc
 import pickle
+import sys
 import time
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
@@ -42,7 +43,7 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import userstate
 
 from beam_streams_runner.errors import StageExecutionError
-from beam_streams_runner.metrics import MetricTotals
+from beam_streams_runner.metrics import MetricCells
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK, Bundle, Operator
 from beam_streams_runner.plan import StagePlan, stateful_main_input
 from beam_streams_runner.records import Record, decode_with_raw
@@ -103,8 +104,10 @@ class FusedStageOperator(Operator):
         self._window_coders: dict[str, object] = {}
         self._window_ends: dict[tuple[str, bytes], int] = {}
         self._allowed_lateness = 0
-        self.metrics = MetricTotals()
+        self.metrics = MetricCells()
         self._bundle_size = bundle_size
+        self._inputs_of_roots: dict[tuple[str, str], str] = {}
+        self._input_counts: dict[str, int] = {}
         self._splittable_inputs = self._inputs_of_splittable_dofns()
         if stage.stateful:
             self._prepare_state()
@@ -239,9 +242,7 @@ class FusedStageOperator(Operator):
             for cut in cuts:
                 self._collect_unprocessed(cut, data, residuals)
             for root in delayed:
-                input_id = BundleContextManager.input_for(
-                    self._descriptor_view(), root.application.transform_id,
-                    root.application.input_id)
+                input_id = self._input_of(root)
                 residuals[input_id].append(root.application.element)
                 delays.append(root.requested_time_delay.ToTimedelta().total_seconds())
             if residuals:
@@ -256,9 +257,7 @@ class FusedStageOperator(Operator):
         """Streaming: what is left of each restriction goes back to the driver."""
         roots = list(delayed) + [root for cut in cuts for root in cut.residual_roots]
         for root in roots:
-            input_id = BundleContextManager.input_for(
-                self._descriptor_view(), root.application.transform_id,
-                root.application.input_id)
+            input_id = self._input_of(root)
             watermarks = [w.seconds * 1_000_000 + w.nanos // 1000
                           for w in root.application.output_watermarks.values()]
             self.residuals.append(Residual(
@@ -267,9 +266,14 @@ class FusedStageOperator(Operator):
                 min(watermarks) if watermarks else MIN_WATERMARK))
         unread: dict[str, list[bytes]] = collections.defaultdict(list)
         for cut in cuts:
-            self._collect_unprocessed(
-                beam_fn_api_pb2.ProcessBundleSplitResponse(channel_splits=cut.channel_splits),
-                self._last_data, unread)
+            # A checkpoint inside the bundle's last element leaves no input unread.
+            splits = [split for split in cut.channel_splits
+                      if split.first_residual_element < self._input_counts.get(
+                          split.transform_id, sys.maxsize)]
+            if splits:
+                self._collect_unprocessed(
+                    beam_fn_api_pb2.ProcessBundleSplitResponse(channel_splits=splits),
+                    self._last_data, unread)
         for input_id, elements in unread.items():
             self.residuals.extend(
                 Residual(input_id, element, 0.0, MIN_WATERMARK) for element in elements)
@@ -298,6 +302,7 @@ class FusedStageOperator(Operator):
                 stream.write(chunk)
             stream.close()
         cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
+        self._input_counts: dict[str, int] = {}  # of the bundle's inputs, once split
         if self._splittable_inputs and self._bundle_size and not fired:
             set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
         # The harness's bundle processor is driven directly (what SdkWorker does,
@@ -318,16 +323,9 @@ class FusedStageOperator(Operator):
                     by_output[element.transform_id].append(element.data)
             for transform_id, parts in by_output.items():
                 outputs.append((self.stage.outputs[transform_id], b''.join(parts)))
-            # Only steps whose container holds a metric cell: building and parsing
-            # the MonitoringInfo protos of every step after every bundle was 7% of
-            # the worker time of 20 ParDos at bundle size 10.
-            infos = [info
-                     for transform_id, op in processor.ops.items()
-                     if op.metrics_container.metrics
-                     for info in op.metrics_container.to_runner_api_monitoring_infos(
-                         transform_id).values()]
-            if infos:
-                self.metrics.add_monitoring_infos(infos)
+            for transform_id, op in processor.ops.items():
+                if op.metrics_container.metrics:
+                    self.metrics.fold(transform_id, op.metrics_container.metrics)
             if requires_finalization:
                 processor.finalize_bundle()
             runtime.processors.release(instruction_id)
@@ -378,10 +376,14 @@ class FusedStageOperator(Operator):
             processor = runtime.processors.lookup(instruction_id)
             if processor is None:
                 return
+            counts = self._input_counts
+            if not counts:  # once per bundle (a refused split is asked again)
+                counts.update((input_id, self._count(input_id, data))
+                              for input_id in self._splittable_inputs)
             desired = {
                 input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
                     fraction_of_remainder=_CHECKPOINT_FRACTION,
-                    estimated_input_elements=self._count(input_id, data))
+                    estimated_input_elements=counts[input_id])
                 for input_id in self._splittable_inputs
             }
             cut = processor.try_split(beam_fn_api_pb2.ProcessBundleSplitRequest(
@@ -391,6 +393,16 @@ class FusedStageOperator(Operator):
 
         return on_element
 
+    def _input_of(self, root: beam_fn_api_pb2.DelayedBundleApplication) -> str:
+        """The stage input a residual root of the harness goes back to."""
+        application = root.application
+        key = (application.transform_id, application.input_id)
+        input_id = self._inputs_of_roots.get(key)
+        if input_id is None:
+            input_id = self._inputs_of_roots[key] = BundleContextManager.input_for(
+                self._descriptor_view(), *key)
+        return input_id
+
     def _count(self, input_id: str, data) -> int:
         coder = self.runtime.coder_impl(self.stage.input_coders[input_id])
         return sum(1 for chunk in data.get(input_id, ()) for _ in decode_with_raw(coder, chunk))
@@ -398,10 +410,7 @@ class FusedStageOperator(Operator):
     def _collect_unprocessed(self, cut, data, residuals: dict[str, list[bytes]]) -> None:
         """Adds what a split left over (residual roots and unread inputs) to `residuals`."""
         for root in cut.residual_roots:
-            input_id = BundleContextManager.input_for(
-                self._descriptor_view(), root.application.transform_id,
-                root.application.input_id)
-            residuals[input_id].append(root.application.element)
+            residuals[self._input_of(root)].append(root.application.element)
         for channel in cut.channel_splits:
             coder = self.runtime.coder_impl(self.stage.input_coders[channel.transform_id])
             raw = [encoded for chunk in data.get(channel.transform_id, ())
