@@ -230,7 +230,7 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
         item = min(due, key=lambda entry: (entry[1].watermark, entry[0]))
         pending.remove(item)
         residual = item[1]
-        yield from operator.process_bundle([(residual.input_id, residual.element)])
+        yield from operator.read_residual(residual)
         read_any = True
         now = time.monotonic()
         pending.extend((now + r.resume_delay_s, r) for r in operator.residuals)

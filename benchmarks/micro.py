@@ -81,12 +81,9 @@ Sample = tuple[float, float, float, float | None]
 
 
 def read_samples(directory: str) -> list[Sample]:
-    """Every `latency_lines` line written under `directory` (files of any name; `*.tmp`
-    are skipped), parsed."""
+    """Every `latency_lines` line written under `directory` (files of any name), parsed."""
     samples: list[Sample] = []
     for name in sorted(os.listdir(directory)):
-        if name.endswith('.tmp'):
-            continue
         with open(os.path.join(directory, name), encoding='utf-8') as f:
             for line in f:
                 if line.strip():

@@ -39,9 +39,9 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
   time, microseconds). An element of the sliding-window case reaches the sink twice (two
   windows) and is sampled twice; panes of windows that end after the last sampled element
   was created (fired early by the final +inf watermark) are left out (`steady_samples`).
-  Each sampled line goes to its bundle's own file (the launcher's bundle writer), read
-  back after the run. NEXMark latency is not measured: its events carry generator event
-  times, not their creation wall times.
+  Each sampled line is appended to a file of the sink's DoFn instance (the launcher's
+  `_lines_file_writer`), read back after the run. NEXMark latency is not measured: its
+  events carry generator event times, not their creation wall times.
 * epochs (StreamsSparkRunner): the streaming driver's epoch count (an epoch is one Spark
   job over the pipeline), `epoch_s` = wall time / epochs, and
   `p99_over_bundle_time_plus_epoch` = after-window-end p99 / (bundle time + epoch_s). The
@@ -305,7 +305,7 @@ def run_micro(case: str, runner: str, n: int, rate: float | None, splits: int,
         p = beam.Pipeline(runner=runner_obj, options=PipelineOptions(args))
         (micro.CASES[case](stamped_stream(p, n, rate, splits))
          | 'Latency' >> beam.FlatMap(micro.latency_lines)
-         | 'Write' >> beam.ParDo(launcher._bundle_file_writer(os.path.join(out_dir, 'lat'))))
+         | 'Write' >> beam.ParDo(launcher._lines_file_writer(os.path.join(out_dir, 'lat'))))
         started = time.time()
         result = p.run()
         state = result.wait_until_finish(

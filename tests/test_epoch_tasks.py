@@ -19,8 +19,8 @@ class _ScriptedSource:
         self.order: list[bytes] = []
         self.residuals = [Residual('in', name, 0.0, 0) for name in lengths]
 
-    def process_bundle(self, bundle):
-        (_, name), = bundle
+    def read_residual(self, residual):
+        name = residual.element
         self.order.append(name)
         self.left[name] -= 1
         self.watermarks[name] += self.steps.get(name, 0)

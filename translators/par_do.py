@@ -128,6 +128,10 @@ class FusedStageOperator(Operator):
             data[input_id].append(chunk)
         return self._run(data, {})
 
+    def read_residual(self, residual: Residual) -> list[Record]:
+        """Runs the next bundle of a restriction the source stage kept (`residuals`)."""
+        return self._run({residual.input_id: [residual.element]}, {}, {residual.input_id: 1})
+
     def on_input_watermark(self, watermark: int) -> list[Record]:
         outputs: list[Record] = []
         while True:
@@ -226,13 +230,15 @@ class FusedStageOperator(Operator):
         return min(holds)
 
     # Running harness bundles -----------------------------------------------------
-    def _run(self, data: dict[str, list[bytes]], fired: dict) -> list[Record]:
+    def _run(self, data: dict[str, list[bytes]], fired: dict,
+             counts: dict[str, int] | None = None) -> list[Record]:
         self.runtime.state_router.target = self.state
         outputs: list[Record] = []
         pending = [(data, fired)]
         while pending:
             data, fired = pending.pop()
-            delayed, cuts = self._run_bundle(data, fired, outputs)
+            delayed, cuts = self._run_bundle(data, fired, outputs, counts)
+            counts = None
             if self._streaming:
                 self._last_data = data
                 self._keep_residuals(delayed, cuts)
@@ -287,7 +293,8 @@ class FusedStageOperator(Operator):
         """The output watermark the residuals kept for later epochs allow."""
         return min((r.watermark for r in self.residuals), default=MAX_WATERMARK)
 
-    def _run_bundle(self, data, fired, outputs: list[Record]):
+    def _run_bundle(self, data, fired, outputs: list[Record],
+                    counts: dict[str, int] | None = None):
         runtime = self.runtime
         conn = runtime.data_conn
         instruction_id = runtime.next_instruction_id()
@@ -302,7 +309,8 @@ class FusedStageOperator(Operator):
                 stream.write(chunk)
             stream.close()
         cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
-        self._input_counts: dict[str, int] = {}  # of the bundle's inputs, once split
+        # Elements of the bundle's inputs: given, or counted when the bundle is split.
+        self._input_counts: dict[str, int] = dict(counts or {})
         if self._splittable_inputs and self._bundle_size and not fired:
             set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
         # The harness's bundle processor is driven directly (what SdkWorker does,
@@ -377,9 +385,9 @@ class FusedStageOperator(Operator):
             if processor is None:
                 return
             counts = self._input_counts
-            if not counts:  # once per bundle (a refused split is asked again)
-                counts.update((input_id, self._count(input_id, data))
-                              for input_id in self._splittable_inputs)
+            for input_id in self._splittable_inputs:
+                if input_id not in counts:  # once per bundle (a refused split is asked again)
+                    counts[input_id] = self._count(input_id, data)
             desired = {
                 input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
                     fraction_of_remainder=_CHECKPOINT_FRACTION,
