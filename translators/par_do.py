@@ -315,8 +315,12 @@ class FusedStageOperator(Operator):
             set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
         # The harness's bundle processor is driven directly (what SdkWorker does,
         # minus building every system MonitoringInfo of every step per bundle).
-        with _cheap_combining_state():
-            processor = runtime.processors.get(instruction_id, self.descriptor_id)
+        processors = runtime.processors
+        if processors.cached_bundle_processors[self.descriptor_id]:
+            processor = processors.get(instruction_id, self.descriptor_id)
+        else:
+            with _cheap_combining_state():  # only a new processor looks the class up
+                processor = processors.get(instruction_id, self.descriptor_id)
         try:
             try:
                 with processor.state_handler.process_instruction_id(instruction_id, ()):
