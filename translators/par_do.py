@@ -272,14 +272,7 @@ class FusedStageOperator(Operator):
                 min(watermarks) if watermarks else MIN_WATERMARK))
         unread: dict[str, list[bytes]] = collections.defaultdict(list)
         for cut in cuts:
-            # A checkpoint inside the bundle's last element leaves no input unread.
-            splits = [split for split in cut.channel_splits
-                      if split.first_residual_element < self._input_counts.get(
-                          split.transform_id, sys.maxsize)]
-            if splits:
-                self._collect_unprocessed(
-                    beam_fn_api_pb2.ProcessBundleSplitResponse(channel_splits=splits),
-                    self._last_data, unread)
+            self._collect_unread(cut.channel_splits, self._last_data, unread)
         for input_id, elements in unread.items():
             self.residuals.extend(
                 Residual(input_id, element, 0.0, MIN_WATERMARK) for element in elements)
@@ -423,11 +416,20 @@ class FusedStageOperator(Operator):
         """Adds what a split left over (residual roots and unread inputs) to `residuals`."""
         for root in cut.residual_roots:
             residuals[self._input_of(root)].append(root.application.element)
-        for channel in cut.channel_splits:
-            coder = self.runtime.coder_impl(self.stage.input_coders[channel.transform_id])
-            raw = [encoded for chunk in data.get(channel.transform_id, ())
+        self._collect_unread(cut.channel_splits, data, residuals)
+
+    def _collect_unread(self, channel_splits, data, residuals: dict[str, list[bytes]]) -> None:
+        """Adds the input elements a split left unread to `residuals`. A split inside the
+        bundle's last element (by `_input_counts`, when known) leaves none: its input is
+        not decoded again to find that out."""
+        for channel in channel_splits:
+            input_id = channel.transform_id
+            if channel.first_residual_element >= self._input_counts.get(input_id, sys.maxsize):
+                continue
+            coder = self.runtime.coder_impl(self.stage.input_coders[input_id])
+            raw = [encoded for chunk in data.get(input_id, ())
                    for _, encoded in decode_with_raw(coder, chunk)]
-            residuals[channel.transform_id].extend(raw[channel.first_residual_element:])
+            residuals[input_id].extend(raw[channel.first_residual_element:])
 
     # Timers ------------------------------------------------------------------------
     def _record_timers(self, element: beam_fn_api_pb2.Elements.Timers) -> None:
