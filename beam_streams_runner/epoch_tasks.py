@@ -201,9 +201,10 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
 
 
 def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
-    """Reads the residuals of a source stage's restrictions on, one bundle each in
-    turn, while one is due at once and `deadline` (time.monotonic()) is not reached;
-    the first bundle is read even past the deadline, so every task moves on.
+    """Reads the residuals of a source stage's restrictions on, one read slice each
+    in turn (see `FusedStageOperator.read_residual`), while one is due at once and
+    `deadline` (time.monotonic()) is not reached; the first slice is read even past
+    the deadline, so every task moves on.
 
     The furthest-behind restriction reads first (lowest watermark, then earliest due):
     the stage's watermark is their minimum, and a restriction left behind while the

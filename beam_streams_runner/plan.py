@@ -30,7 +30,7 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
 from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
-from beam_streams_runner.translators.read import count_source_outputs, is_source_bundle_counter
+from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
 
 RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
 TEST_STREAM_URN = common_urns.primitives.TEST_STREAM.urn
@@ -51,7 +51,7 @@ PHASES = [
     translations.expand_gbk,
     translations.sink_flattens,
     translations.greedily_fuse,
-    count_source_outputs,
+    mark_source_bundles,
     translations.read_to_impulse,
     translations.impulse_to_input,
     translations.sort_stages,
@@ -261,7 +261,7 @@ def build_plan(
 def _user_step_names(transforms: Iterable[beam_runner_api_pb2.PTransform]) -> list[str]:
     hidden = {bundle_processor.DATA_INPUT_URN, bundle_processor.DATA_OUTPUT_URN}
     return [t.unique_name for t in transforms
-            if t.spec.urn not in hidden and not is_source_bundle_counter(t)]
+            if t.spec.urn not in hidden and not is_source_bundle_boundary(t)]
 
 
 def _stage_plan(

@@ -6,9 +6,10 @@ the driver keeps what belongs to the sources: the residual restrictions of
 every splittable DoFn (with their resume times and watermark holds), the events
 of a TestStream still to play, and the processing-time clock. In an epoch the
 restrictions that are due are dealt to the source stage's tasks and read,
-furthest behind first, bundle after bundle (each at most `bundle_size` elements
-or `bundle_time_ms`) for the epoch's read budget; what is left comes back as a
-residual. Stateful operators live in their partitions across epochs
+furthest behind first, read slice after read slice (each of whole source
+bundles of at most `bundle_size` elements or `bundle_time_ms`, see
+`par_do.FusedStageOperator`) for the epoch's read budget; what is left comes
+back as a residual. Stateful operators live in their partitions across epochs
 (`partition_cache`).
 
 Adaptive epochs: an epoch costs a fixed part (scheduling, shuffles, state) on

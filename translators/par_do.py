@@ -14,12 +14,13 @@ the end of a bounded input the processing-time clock also jumps to +inf (as in
 Beam's batch runners), so every timer fires before the partition ends. Expired
 keys are then dropped through the ordered expiry index.
 
-Source-level bundling (design section 4): a stage reading a splittable DoFn
-(every bounded read after its initial split, see `read`) is checkpointed
-by the runner after `bundle_size` output elements, so each source bundle holds
-at most `bundle_size` elements and `start_bundle`/`finish_bundle` run once per
-source bundle. SDF residuals (runner checkpoints and the DoFn's own
-self-checkpoints) are fed back as new bundles of the same stage.
+Source-level bundling (design section 4): in a stage reading a splittable DoFn
+(every bounded read after its initial split, see `read`), a bundle ends after
+`bundle_size` elements from the source: the steps downstream of the source run
+`finish_bundle` and `start_bundle` there, inside one harness bundle (a read
+slice). The slice ends with a runner checkpoint of the restriction after at
+least a default bundle's worth; SDF residuals (runner checkpoints and the
+DoFn's own self-checkpoints) are fed back as new slices of the same stage.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import math
 import pickle
 import sys
 import time
@@ -45,12 +47,13 @@ from apache_beam.transforms import userstate
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.metrics import MetricCells
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK, Bundle, Operator
+from beam_streams_runner.options import DEFAULT_BUNDLE_SIZE, DEFAULT_BUNDLE_TIME_MS
 from beam_streams_runner.plan import StagePlan, stateful_main_input
 from beam_streams_runner.records import Record, decode_with_raw
 from beam_streams_runner.state.keyed_state import KeyedStateStore
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.state.timers import TimerQueue
-from beam_streams_runner.translators.read import set_source_bundle_listener
+from beam_streams_runner.translators.read import SOURCE_BUNDLES_URN, set_source_bundle_listener
 from beam_streams_runner.worker_runtime import WorkerRuntime
 
 _PROCESSING_TIME = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
@@ -108,6 +111,7 @@ class FusedStageOperator(Operator):
         self._bundle_size = bundle_size
         self._inputs_of_roots: dict[tuple[str, str], str] = {}
         self._input_counts: dict[str, int] = {}
+        self._bundle_steps: dict[str, list[str]] | None = None
         self._splittable_inputs = self._inputs_of_splittable_dofns()
         if stage.stateful:
             self._prepare_state()
@@ -129,7 +133,7 @@ class FusedStageOperator(Operator):
         return self._run(data, {})
 
     def read_residual(self, residual: Residual) -> list[Record]:
-        """Runs the next bundle of a restriction the source stage kept (`residuals`)."""
+        """Reads the next slice of a restriction the source stage kept (`residuals`)."""
         return self._run({residual.input_id: [residual.element]}, {}, {residual.input_id: 1})
 
     def on_input_watermark(self, watermark: int) -> list[Record]:
@@ -304,8 +308,6 @@ class FusedStageOperator(Operator):
         cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
         # Elements of the bundle's inputs: given, or counted when the bundle is split.
         self._input_counts: dict[str, int] = dict(counts or {})
-        if self._splittable_inputs and self._bundle_size and not fired:
-            set_source_bundle_listener(self._bundle_cutter(instruction_id, data, cuts))
         # The harness's bundle processor is driven directly (what SdkWorker does,
         # minus building every system MonitoringInfo of every step per bundle).
         processors = runtime.processors
@@ -315,6 +317,9 @@ class FusedStageOperator(Operator):
             with _cheap_combining_state():  # only a new processor looks the class up
                 processor = processors.get(instruction_id, self.descriptor_id)
         try:
+            if self._splittable_inputs and self._bundle_size and not fired:
+                set_source_bundle_listener(
+                    self._source_bundler(processor, instruction_id, data, cuts))
             try:
                 with processor.state_handler.process_instruction_id(instruction_id, ()):
                     delayed, requires_finalization = processor.process_bundle(instruction_id)
@@ -356,47 +361,110 @@ class FusedStageOperator(Operator):
                         continue  # a side input
         return inputs
 
-    def _bundle_cutter(self, instruction_id: str, data, cuts: list):
-        """Checkpoints the source's restriction once `bundle_size` elements came out.
+    def _source_bundler(self, processor, instruction_id: str, data, cuts: list):
+        """The hook of the stage's `SourceBundleBoundary`s: cuts source bundles.
 
-        This is a runner-initiated split just after the current position (a
-        checkpoint), through the harness's own splitting protocol: the rest of
-        the restriction comes back as a residual and is read as the next bundle.
-        A tracker may refuse (byte-offset trackers only split between records);
-        the split is then asked again at the next element.
+        Every `bundle_size` elements a source emitted (or `bundle_time_ms`, when
+        set) a source bundle ends: the steps downstream of the source finish their
+        bundle and start the next (`finish_bundle`, `start_bundle`), inside the
+        same harness bundle. The harness bundle is a read slice: at the first
+        bundle end past `max(bundle_size, DEFAULT_BUNDLE_SIZE)` elements (or past
+        `max(bundle_time_ms, DEFAULT_BUNDLE_TIME_MS)`) the runner checkpoints the
+        source's restriction and the rest is read as the next slice. So small
+        bundles cost a `finish_bundle`/`start_bundle` of the steps downstream, not a
+        harness bundle and an SDF checkpoint each.
         """
-        runtime = self.runtime
-        limit = self._bundle_size
-        deadline = (time.monotonic() + self._bundle_time_ms / 1000.0
-                    if self._bundle_time_ms else None)
-        written = 0
+        ops = processor.ops
+        steps = self._steps_after_sources(ops)
+        bundle_size = self._bundle_size
+        bundle_s = self._bundle_time_ms / 1000.0 if self._bundle_time_ms else None
+        slice_size = max(bundle_size, DEFAULT_BUNDLE_SIZE)
+        started = time.monotonic()
+        slice_until = (started + max(bundle_s, DEFAULT_BUNDLE_TIME_MS / 1000.0)
+                       if bundle_s else math.inf)
+        in_bundle = dict.fromkeys(steps, 0)
+        bundle_until = dict.fromkeys(steps, started + bundle_s if bundle_s else math.inf)
+        read = 0
 
-        def on_element() -> None:
-            nonlocal written
-            written += 1
-            if written < limit and (deadline is None or time.monotonic() < deadline):
+        def on_element(boundary_id: str) -> None:
+            nonlocal read
+            read += 1
+            count = in_bundle[boundary_id] + 1
+            if count < bundle_size and (bundle_s is None
+                                        or time.monotonic() < bundle_until[boundary_id]):
+                in_bundle[boundary_id] = count
                 return
-            if any(cut.residual_roots for cut in cuts):
-                return
-            processor = runtime.processors.lookup(instruction_id)
-            if processor is None:
-                return
-            counts = self._input_counts
-            for input_id in self._splittable_inputs:
-                if input_id not in counts:  # once per bundle (a refused split is asked again)
-                    counts[input_id] = self._count(input_id, data)
-            desired = {
-                input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
-                    fraction_of_remainder=_CHECKPOINT_FRACTION,
-                    estimated_input_elements=counts[input_id])
-                for input_id in self._splittable_inputs
-            }
-            cut = processor.try_split(beam_fn_api_pb2.ProcessBundleSplitRequest(
-                instruction_id=instruction_id, desired_splits=desired))
-            if cut.residual_roots or cut.channel_splits:
-                cuts.append(cut)
+            in_bundle[boundary_id] = 0
+            if ((read >= slice_size or time.monotonic() >= slice_until)
+                    and self._checkpoint(processor, instruction_id, data, cuts)):
+                return  # the slice's last bundle ends with the harness bundle
+            finishing = steps[boundary_id]
+            for step in finishing:
+                ops[step].finish()
+            for step in reversed(finishing):
+                ops[step].start()
+            if bundle_s is not None:
+                bundle_until[boundary_id] = time.monotonic() + bundle_s
 
         return on_element
+
+    def _checkpoint(self, processor, instruction_id: str, data, cuts: list) -> bool:
+        """Checkpoints the source's restriction just after the current position.
+
+        This is a runner-initiated split (fraction ~0 of the remainder) through the
+        harness's own splitting protocol: the rest of the restriction comes back as
+        a residual and is read as the next slice. True if it split; a tracker may
+        refuse (byte-offset trackers only split between records), and a bundle end
+        later asks again.
+        """
+        if any(cut.residual_roots for cut in cuts):
+            return False
+        counts = self._input_counts
+        for input_id in self._splittable_inputs:
+            if input_id not in counts:  # once per bundle (a refused split is asked again)
+                counts[input_id] = self._count(input_id, data)
+        desired = {
+            input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
+                fraction_of_remainder=_CHECKPOINT_FRACTION,
+                estimated_input_elements=counts[input_id])
+            for input_id in self._splittable_inputs
+        }
+        cut = processor.try_split(beam_fn_api_pb2.ProcessBundleSplitRequest(
+            instruction_id=instruction_id, desired_splits=desired))
+        if cut.residual_roots or cut.channel_splits:
+            cuts.append(cut)
+        return bool(cut.residual_roots)
+
+    def _steps_after_sources(self, ops) -> dict[str, list[str]]:
+        """Per `SourceBundleBoundary`, the steps a source bundle's end finishes, in
+        the harness's order: every step downstream of its splittable DoFn except
+        the data outputs (their stream closes only with the harness bundle)."""
+        if self._bundle_steps is None:
+            transforms = self._descriptor_view().process_bundle_descriptor.transforms
+            consumers = collections.defaultdict(list)
+            producers = {}
+            for transform_id, transform in transforms.items():
+                for pcollection in transform.inputs.values():
+                    consumers[pcollection].append(transform_id)
+                for pcollection in transform.outputs.values():
+                    producers[pcollection] = transform_id
+            skipped = {bundle_processor.DATA_OUTPUT_URN, SOURCE_BUNDLES_URN}
+            self._bundle_steps = {}
+            for boundary_id, boundary in transforms.items():
+                if boundary.spec.urn != SOURCE_BUNDLES_URN:
+                    continue
+                below: set[str] = set()
+                frontier = [producers[next(iter(boundary.inputs.values()))]]
+                while frontier:
+                    for pcollection in transforms[frontier.pop()].outputs.values():
+                        for consumer in consumers[pcollection]:
+                            if consumer not in below:
+                                below.add(consumer)
+                                frontier.append(consumer)
+                self._bundle_steps[boundary_id] = [
+                    step for step in ops
+                    if step in below and transforms[step].spec.urn not in skipped]
+        return self._bundle_steps
 
     def _input_of(self, root: beam_fn_api_pb2.DelayedBundleApplication) -> str:
         """The stage input a residual root of the harness goes back to."""

@@ -6,15 +6,16 @@ Design section 4. Every bounded read (`Read` of a `BoundedSource`,
 through a runner Reshuffle (Beam's `expand_sdf` inserts it when the runner
 knows the Reshuffle URN, see `reshuffle`), so they are read by all partitions.
 
-Bundles are cut at the source: `count_source_outputs` is a fusion phase that
-adds, beside every "process" step of a splittable DoFn, a counting sink
-(`SourceBundleCounter`) fed with the step's output. When a bundle's count
-reaches `bundle_size`, the counter calls the hook the operator installed
-(`par_do.FusedStageOperator`), which checkpoints the restriction through the
-SDK harness's own split protocol; the rest is read as the next bundle. The
-counter sits beside the output, not in its path, so the fused chain is
-unchanged (and counts are exact even when downstream steps buffer, like a
-lifted combine, or write no output, like a file sink).
+Bundles are cut at the source: `mark_source_bundles` is a fusion phase that
+puts a `SourceBundleBoundary` right after every "process" step of a splittable
+DoFn, on its main output. It passes each element on and, once the steps
+downstream are done with it, calls the hook the operator installed
+(`par_do.FusedStageOperator`). The hook counts the source's elements and, every
+`bundle_size` of them, ends the bundle of the steps downstream (their
+`finish_bundle`, then `start_bundle`) or checkpoints the restriction through the
+SDK harness's own split protocol. Counting the source's output, not the chain's,
+keeps counts exact when downstream steps buffer (a lifted combine) or write no
+output (a file sink).
 """
 
 from __future__ import annotations
@@ -22,62 +23,83 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-import apache_beam as beam
-from apache_beam.internal import pickler
-from apache_beam.portability import common_urns, python_urns
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners import common
 from apache_beam.runners.portability.fn_api_runner import translations
+from apache_beam.runners.worker import bundle_processor, operation_specs, operations
 
 _PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
-COUNTER_SUFFIX = '/CountSourceBundle'
+SOURCE_BUNDLES_URN = 'beam_streams_runner:source_bundles:v1'
 
 _listener = threading.local()
 
 
-def set_source_bundle_listener(listener: Callable[[], None] | None) -> None:
-    """Installs the hook called for every element a source emits (this thread)."""
+def set_source_bundle_listener(listener: Callable[[str], None] | None) -> None:
+    """Installs the hook called, with the boundary's transform id, after every
+    element a source emitted went through the steps downstream (this thread)."""
     _listener.hook = listener
 
 
-class SourceBundleCounter(beam.DoFn):
-    """Counts a source's output elements for the runner; outputs nothing."""
+class SourceBundleBoundary(operations.FlattenOperation):
+    """Passes a source's elements on; after each, tells the runner's hook."""
 
-    def process(self, element) -> None:
+    def process(self, o) -> None:
+        self.output(o)
         hook = getattr(_listener, 'hook', None)
         if hook is not None:
-            hook()
+            hook(self.name_context.transform_id)
 
 
-def count_source_outputs(
+@bundle_processor.BeamTransformFactory.register_urn(SOURCE_BUNDLES_URN, None)
+def _create_source_bundle_boundary(factory, transform_id: str,
+                                   transform_proto: beam_runner_api_pb2.PTransform,
+                                   payload, consumers) -> SourceBundleBoundary:
+    return factory.augment_oldstyle_op(
+        SourceBundleBoundary(
+            common.NameContext(transform_proto.unique_name, transform_id),
+            operation_specs.WorkerFlatten(None, [factory.get_only_output_coder(transform_proto)]),
+            factory.counter_factory,
+            factory.state_sampler),
+        transform_proto.unique_name,
+        consumers)
+
+
+def mark_source_bundles(
     stages: Iterable[translations.Stage], context: translations.TransformContext
 ) -> Iterable[translations.Stage]:
-    """Fusion phase: a `SourceBundleCounter` beside each splittable DoFn's process step."""
-    payload = beam_runner_api_pb2.ParDoPayload(
-        do_fn=beam_runner_api_pb2.FunctionSpec(
-            urn=python_urns.PICKLED_DOFN_INFO,
-            payload=pickler.dumps((SourceBundleCounter(), (), {}, [], None))))
+    """Fusion phase: a `SourceBundleBoundary` after each splittable DoFn's process step.
+
+    Runs after fusion: the steps of the stage that read the source's main output
+    (data outputs to other stages included) read the boundary's output instead."""
+    pcollections = context.components.pcollections
     for stage in stages:
-        counters = []
+        boundaries = []
         for transform in stage.transforms:
-            if transform.spec.urn != _PROCESS_SIZED_ELEMENTS:
+            if transform.spec.urn != _PROCESS_SIZED_ELEMENTS or not transform.outputs:
                 continue
-            if not transform.outputs:
-                continue
-            main_output = transform.outputs.get('None') or next(iter(transform.outputs.values()))
-            counter_id = translations.unique_name(
-                context.components.transforms, transform.unique_name + COUNTER_SUFFIX)
-            counter = context.components.transforms[counter_id]
-            counter.CopyFrom(beam_runner_api_pb2.PTransform(
-                unique_name=counter_id,
-                spec=beam_runner_api_pb2.FunctionSpec(
-                    urn=common_urns.primitives.PAR_DO.urn,
-                    payload=payload.SerializeToString()),
-                inputs={'in': main_output},
+            read = transform.outputs.get('None') or next(iter(transform.outputs.values()))
+            bundled = translations.unique_name(pcollections, read + '/SourceBundles')
+            pcollections[bundled].CopyFrom(pcollections[read])
+            pcollections[bundled].unique_name = bundled
+            for consumer in stage.transforms:
+                for tag in [t for t, pcollection in consumer.inputs.items() if pcollection == read]:
+                    consumer.inputs[tag] = bundled
+                    if consumer.unique_name in context.components.transforms:
+                        context.components.transforms[consumer.unique_name].inputs[tag] = bundled
+            boundary_id = translations.unique_name(
+                context.components.transforms, transform.unique_name + '/SourceBundles')
+            boundary = context.components.transforms[boundary_id]
+            boundary.CopyFrom(beam_runner_api_pb2.PTransform(
+                unique_name=boundary_id,
+                spec=beam_runner_api_pb2.FunctionSpec(urn=SOURCE_BUNDLES_URN),
+                inputs={'in': read},
+                outputs={'out': bundled},
                 environment_id=transform.environment_id))
-            counters.append(counter)
-        stage.transforms.extend(counters)
+            boundaries.append(boundary)
+        stage.transforms.extend(boundaries)
         yield stage
 
 
-def is_source_bundle_counter(transform: beam_runner_api_pb2.PTransform) -> bool:
-    return transform.unique_name.endswith(COUNTER_SUFFIX) and not transform.outputs
+def is_source_bundle_boundary(transform: beam_runner_api_pb2.PTransform) -> bool:
+    return transform.spec.urn == SOURCE_BUNDLES_URN

@@ -2,7 +2,9 @@
 
 ReadFromText over several files and over a file larger than one bundle, a
 custom `BoundedSource` (OffsetRangeTracker-based, splittable) through
-`beam.io.Read`, and a bounded splittable DoFn.
+`beam.io.Read`, and a bounded splittable DoFn. Source-level bundling: the steps
+after a source see bundles of `bundle_size` elements, while the source itself is
+checkpointed once per read slice (batch and streaming).
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import pytest
 from apache_beam.io import ReadFromText, iobase
 from apache_beam.io.range_trackers import OffsetRangeTracker
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.core import RestrictionProvider
+
+from beam_streams_runner import StreamsSparkRunner
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -205,3 +212,74 @@ def test_splittable_dofn_deferring_its_remainder(assert_same_as_direct):
 
     out = assert_same_as_direct(build)
     assert len(out['out']) == 17
+
+
+class _WholeRangeProvider(RestrictionProvider):
+    """One restriction per element, not split up front: the runner cuts it."""
+
+    def initial_restriction(self, element):
+        return OffsetRange(0, element)
+
+    def create_tracker(self, restriction):
+        return OffsetRestrictionTracker(restriction)
+
+    def restriction_size(self, element, restriction):
+        return restriction.size()
+
+
+class _CountedRead(beam.DoFn):
+    """Emits 0..element-1; counts its own (harness) bundles."""
+
+    def __init__(self):
+        self.bundles = Metrics.counter('source_bundling', 'read_bundles')
+
+    def start_bundle(self):
+        self.bundles.inc()
+
+    def process(self, element, tracker=beam.DoFn.RestrictionParam(_WholeRangeProvider())):
+        position = tracker.current_restriction().start
+        while tracker.try_claim(position):
+            yield position
+            position += 1
+
+
+class _BundleSizes(beam.DoFn):
+    """Records how many elements each of its non-empty bundles held."""
+
+    def __init__(self):
+        self.sizes = Metrics.distribution('source_bundling', 'bundle_sizes')
+
+    def start_bundle(self):
+        self._count = 0
+
+    def process(self, element):
+        self._count += 1
+        yield element
+
+    def finish_bundle(self):
+        if self._count:
+            self.sizes.update(self._count)
+
+
+@pytest.mark.parametrize('mode', ['batch', 'streaming'])
+def test_source_bundles_are_cut_inside_read_slices(spark_session, spark_args, mode):
+    elements = 3_000
+    # Bundles cut by count only (a long bundle time), so their sizes are exact.
+    args = [*spark_args, '--bundle_size=10', '--bundle_time_ms=600000']
+    if mode == 'streaming':
+        args.append('--streaming')
+    p = beam.Pipeline(runner=StreamsSparkRunner(), options=PipelineOptions(args))
+    _ = (p
+         | beam.Create([elements])
+         | beam.ParDo(_CountedRead())
+         | beam.ParDo(_BundleSizes())
+         | beam.combiners.Count.Globally())
+    result = p.run()
+    result.wait_until_finish()
+    found = result.metrics().query(MetricsFilter().with_namespace('source_bundling'))
+    sizes = found['distributions'][0].committed
+    assert (sizes.sum, sizes.max, sizes.count) == (elements, 10, elements // 10)
+    # One harness bundle per slice of at least a default bundle (1000 elements),
+    # not one per source bundle: the read is checkpointed about 3 times, not 300.
+    read_bundles = found['counters'][0].committed
+    assert 3 <= read_bundles <= 5, read_bundles
