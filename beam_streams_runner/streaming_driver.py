@@ -346,12 +346,16 @@ class StreamingDriver:
             inputs.append(self._buffer(buffer_id, stage_rdds).mapPartitions(
                 _keyed_shuffle_fn(plan_bc, coder_id, key_coder_id, input_id)
             ).partitionBy(self.num_partitions, identity).values())
-        if residuals:
+        if residuals or self._residuals.get(stage.name):
             # Dealt by rank, the slowest to task 0, the next to task 1, ...: each task
             # reads its furthest-behind restriction first (`read_on`), so the slowest of
             # the whole stage read at once. One record per slice: Spark gives each its own.
+            # With none due but some kept for later, one task still runs: it sends the
+            # stage's watermark, held by the kept ones (`EpochInfo.holds`). Without it a
+            # stage fed only by finished stages has no task, its consumers hear no
+            # channel of it and take +inf, and drop what it reads later as late.
             ordered = sorted(residuals, key=lambda r: r.watermark)
-            slices = min(len(ordered), self.num_partitions)
+            slices = max(1, min(len(ordered), self.num_partitions))
             inputs.append(sc.parallelize(
                 [('', DueResiduals(tuple(ordered[i::slices]))) for i in range(slices)],
                 slices))

@@ -98,6 +98,30 @@ def test_unbounded_periodic_impulse(tmp_path, spark_session):
     assert values == [0, 1, 2]
 
 
+def test_a_source_waiting_longer_than_an_epoch_holds_the_watermark(tmp_path, spark_session):
+    """A source stage fed by a finished stage, whose restrictions all wait (resume delays)
+    through whole epochs: it still sends its held watermark every epoch. Without that its
+    consumers heard no channel of it, took the watermark +inf, and dropped as late
+    every element the source emitted afterwards."""
+    from apache_beam.transforms.periodicsequence import PeriodicSequence
+    # Firings 2.5 s apart, the first 2.5 s ahead: longer than the driver's idle wait
+    # (1 s), so epochs run while no restriction is due.
+    start = Timestamp.now().micros / 1e6 + 2.5
+
+    def build(p):
+        return (p
+                | beam.Create([(start, start + 6.0, 2.5), (start + 0.5, start + 6.5, 2.5)])
+                | PeriodicSequence()
+                | beam.Map(lambda t: round(float(t) - start, 1))
+                | beam.WindowInto(window.FixedWindows(1))
+                | beam.Map(lambda t: ('k', t)) | beam.GroupByKey()
+                | beam.MapTuple(lambda k, vs: sorted(vs)))
+
+    lines = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'out'), SPARK_ARGS)
+    values = sorted(v for line in lines for v in ast.literal_eval(line[:line.index(']') + 1]))
+    assert values == [0.0, 0.5, 2.5, 3.0, 5.0, 5.5]
+
+
 def test_partitions_move_between_python_workers(tmp_path):
     """With Python worker reuse off, every task of every epoch runs in a new worker:
     each stateful partition is restored from the state the previous epoch committed."""

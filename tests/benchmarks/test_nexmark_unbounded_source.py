@@ -225,6 +225,29 @@ def test_process_emits_what_is_due_then_defers():
     assert estimator.current_watermark() == MAX_TIMESTAMP
 
 
+def test_wall_clock_event_times_make_each_event_due_at_its_event_time():
+    # At the generator's own rate, with wall-clock event times, the pacing origin is
+    # the base time: what is due at wall time t is what has an event time up to t.
+    base_s = 5000.0
+    config = NexmarkConfig(num_events=1000, use_wallclock_event_time=True,
+                           base_time_ms=int(base_s * 1000), first_event_rate=100,
+                           next_event_rate=100)
+    now = [base_s - 1.0]  # read before the base time: nothing is due yet
+    fn = UnboundedNexmarkFn(config, rate=100.0, clock=lambda: now[0])
+    part = unbounded_parts(config, 4)[0]
+    estimator = fn.create_watermark_estimator(fn.initial_estimator_state(None, None))
+    tracker = _FakeTracker(0, part.size)
+    assert list(fn.process(part.element(), tracker, estimator)) == []
+    assert estimator.get_estimator_state()[1] == base_s
+    now[0] = base_s + 2.0
+    tracker = _FakeTracker(0, part.size)
+    out = list(fn.process(part.element(), tracker, estimator))
+    assert out and all(tv.timestamp.micros <= now[0] * 1e6 for tv in out)
+    # The next event of the part is not due yet, and its event time is in the future.
+    following = event_at(config, part.position(len(out)))
+    assert following.timestamp.micros > (now[0] - 0.1) * 1e6
+
+
 def test_launcher_streaming_end_to_end(tmp_path):
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)

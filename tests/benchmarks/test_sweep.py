@@ -9,12 +9,17 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import time
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Timestamp
 
 from benchmarks import micro, sweep
+from benchmarks.nexmark.config import NexmarkConfig
 
 GBK = list(micro.CASES)[2]
 
@@ -66,6 +71,29 @@ def test_summary_ratio_of_bundle_10_to_1000():
     assert summary['DirectRunner elements_per_s'] == 2000
 
 
+def test_nexmark_latency_is_sink_time_minus_the_output_timestamp():
+    now = time.time()
+    ts = Timestamp.of(now - 2.0)
+    latency, after_end, created, end = sweep.nexmark_latency_lines(
+        'x', ts, window.GlobalWindow())[0].split('\t')
+    assert 2.0 <= float(latency) < 3.0 and after_end == latency and end == ''
+    assert float(created) == ts.micros / 1e6
+    # A windowed output: after its window's end (the later of the end and its time).
+    ended = window.IntervalWindow(Timestamp.of(now - 5.0), Timestamp.of(now - 1.0))
+    latency, after_end, _, end = sweep.nexmark_latency_lines('x', ts, ended)[0].split('\t')
+    assert 1.0 <= float(after_end) < 2.0 <= float(latency)
+    assert float(end) == pytest.approx(now - 1.0, abs=1e-5)
+
+
+def test_nexmark_latency_config_paces_events_at_their_event_times():
+    before = time.time()
+    config = sweep.nexmark_latency_config(NexmarkConfig(num_events=100), 2000)
+    assert config.use_wallclock_event_time
+    assert config.first_event_rate == config.next_event_rate == 2000
+    assert before + sweep.NEXMARK_START_S - 0.001 <= config.base_time / 1000 <= time.time() + 5
+    assert (config.window_size_sec, config.window_period_sec) == (2, 1)
+
+
 def test_tiny_streaming_sweep_writes_report(tmp_path, spark_session, spark_args):
     # 2000 elements at 1000/s: a 2 s stream, so some sliding windows end (and are fired by
     # the watermark) before the stream does, and the GroupByKey case has latency samples.
@@ -81,11 +109,9 @@ def test_tiny_streaming_sweep_writes_report(tmp_path, spark_session, spark_args)
         '1 ParDo', GBK, 'NEXMark Q0']
     assert all(r['status'] == 'ok' and r['elements_per_s'] != '' for r in rows)
     for r in rows:
-        if r['case'].startswith('NEXMark'):
-            assert r['latency_p50_s'] == ''
-        else:
-            assert r['latency_p50_s'] > 0 and r['latency_p99_s'] >= r['latency_p50_s']
-            assert r['after_window_end_p99_s'] != ''
+        # NEXMark at a fixed rate too: each output's sink time minus its event time.
+        assert r['latency_p50_s'] > 0 and r['latency_p99_s'] >= r['latency_p50_s']
+        assert r['after_window_end_p99_s'] != ''
     assert all(r['epochs'] for r in rows if r['runner'] == sweep.SPARK)
     for name in ('sweep.md', 'sweep.csv', 'sweep_summary.csv', 'sweep_throughput.png',
                  'sweep_latency.png', 'sweep_latency_vs_epoch.png'):
