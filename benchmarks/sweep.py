@@ -29,7 +29,7 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
   throughput is then the source's `emitted` counter / wall time (status `timeout`).
   NEXMark runs have no timeout (the launcher's `run_query` gives no handle to cancel).
   At a fixed rate throughput cannot pass the rate: compare bundle sizes at `max`.
-* latency (micro cases only), for one element in `micro.SAMPLE_EVERY`: the sink's
+* latency of the micro cases, for one element in `micro.SAMPLE_EVERY`: the sink's
   `time.time()` minus the element's creation time (`latency_*`) and minus the end of its
   window (`after_window_end_*`: for the GroupByKey case, how long after its window could
   first be complete the pane reached the sink; the same as `latency_*` in the global
@@ -40,8 +40,15 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
   windows) and is sampled twice; panes of windows that end after the last sampled element
   was created (fired early by the final +inf watermark) are left out (`steady_samples`).
   Each sampled line is appended to a file of the sink's DoFn instance (the launcher's
-  `_lines_file_writer`), read back after the run. NEXMark latency is not measured: its
-  events carry generator event times, not their creation wall times.
+  `_lines_file_writer`), read back after the run.
+* latency of the NEXMark queries, at a fixed rate only (`nexmark_latency_config`): the
+  events get wall-clock event times at the generator's rate = the pacing rate, so an
+  event is due at its own event time, and every output's latency is the sink's
+  `time.time()` minus its timestamp (`nexmark_latency_lines`): for Q0 and Q3 that of
+  its (latest) event, for the windowed aggregates (Q5, Q11, Q7's max) their window's
+  end. At a fixed rate these runs use windows of 2 s every 1 s (session gap 2 s), so
+  that a short run closes several windows; as fast as possible, Beam's defaults and
+  no latency.
 * epochs (StreamsSparkRunner): the streaming driver's epoch count (an epoch is one Spark
   job over the pipeline), `epoch_s` = wall time / epochs, and
   `p99_over_bundle_time_plus_epoch` = after-window-end p99 / (bundle time + epoch_s). The
@@ -99,6 +106,7 @@ METRICS_NAMESPACE = 'sweep'
 GOAL_RATIO = 0.5  # issue 6: throughput at bundle 10 >= half of that at bundle 1000
 SMALL, LARGE = 10, 1000
 LATENCY_DIGITS = 5  # seconds to 10 us: a fused ParDo chain's latency is well below 1 ms
+NEXMARK_START_S = 3.0  # NEXMark at a fixed rate: events are due from this long after set-up
 
 
 # ---------------------------------------------------------------- the unbounded source
@@ -283,6 +291,16 @@ def steady_samples(samples: Sequence[micro.Sample]) -> list[micro.Sample]:
     return [s for s in samples if s[3] is None or s[3] <= last_created]
 
 
+def latency_fields(samples: Sequence[micro.Sample]) -> dict:
+    """The row's latency percentiles (creation to sink, and after the window's end)."""
+    latencies = sorted(sample[0] for sample in samples)
+    after_end = sorted(sample[1] for sample in samples)
+    return dict(latency_p50_s=micro.percentile(latencies, 0.5, LATENCY_DIGITS),
+                latency_p99_s=micro.percentile(latencies, 0.99, LATENCY_DIGITS),
+                after_window_end_p50_s=micro.percentile(after_end, 0.5, LATENCY_DIGITS),
+                after_window_end_p99_s=micro.percentile(after_end, 0.99, LATENCY_DIGITS))
+
+
 def run_micro(case: str, runner: str, n: int, rate: float | None, splits: int,
               bundle_size: int | None = None, bundle_time_ms: int | None = None,
               target_latency_ms: int | None = None, extra: Sequence[str] = (),
@@ -325,23 +343,59 @@ def run_micro(case: str, runner: str, n: int, rate: float | None, splits: int,
         row['status'] = f'failed: {type(e).__name__}: {launcher._first_line(str(e))}'
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    latencies = sorted(sample[0] for sample in samples)
-    after_end = sorted(sample[1] for sample in samples)
-    row.update(latency_p50_s=micro.percentile(latencies, 0.5, LATENCY_DIGITS),
-               latency_p99_s=micro.percentile(latencies, 0.99, LATENCY_DIGITS),
-               after_window_end_p50_s=micro.percentile(after_end, 0.5, LATENCY_DIGITS),
-               after_window_end_p99_s=micro.percentile(after_end, 0.99, LATENCY_DIGITS))
+    row.update(latency_fields(samples))
     return _finish_row(row, elements, wall, epochs_of(result) if runner == SPARK else None)
+
+
+def nexmark_latency_lines(element, ts=beam.DoFn.TimestampParam,
+                          w=beam.DoFn.WindowParam) -> list[str]:
+    """For a NEXMark output at a fixed rate with wall-clock event times (see
+    `nexmark_latency_config`): a `micro.latency_lines` line whose creation time is the
+    output's timestamp. An event is due (created) at its event time; an output of Q0
+    or Q3 carries the event time of its (latest) event, one of a windowed aggregate
+    (Q5, Q7's max, Q11) its window's end; Q7's winning bids keep their own event time,
+    so their after-window-end latency is the one comparable with Q5's."""
+    now = time.time()
+    created = ts.micros / 1e6
+    end = w.end.micros / 1e6 if isinstance(w, beam.window.IntervalWindow) else None
+    after_end = now - (created if end is None else max(created, end))
+    return [f'{now - created:.6f}\t{after_end:.6f}\t{created:.6f}\t'
+            + ('' if end is None else f'{end:.6f}')]
+
+
+def nexmark_latency_config(config: NexmarkConfig, rate: float) -> NexmarkConfig:
+    """`config` for measuring latency at `rate` events/s: event times from the wall clock
+    at the generator's rate = the pacing rate (so each event is due at its event time;
+    `UnboundedNexmarkFn`), starting `NEXMARK_START_S` from now (the runner's start-up),
+    and windows of 2 s every 1 s (session gap 2 s) so that a run of a few seconds
+    closes several windows before the end of the stream."""
+    return config.replace(
+        use_wallclock_event_time=True, first_event_rate=max(1, round(rate)),
+        next_event_rate=max(1, round(rate)),
+        base_time_ms=int((time.time() + NEXMARK_START_S) * 1000),
+        window_size_sec=2, window_period_sec=1)
 
 
 def run_nexmark(query: int, runner: str, events: int, rate: float | None,
                 bundle_size: int | None = None, bundle_time_ms: int | None = None,
                 target_latency_ms: int | None = None, extra: Sequence[str] = ()) -> dict:
     """One streaming run of NEXMark `query` (`launcher.run_query` over the unbounded
-    source) on `runner`; its report row (throughput only)."""
+    source) on `runner`; its report row. At a fixed rate the row has latencies
+    (`nexmark_latency_lines`, every output sampled; outputs of windows that end after
+    the last event is due are left out: the end of the stream fired them early)."""
     row = _row(f'NEXMark Q{query}', runner, rate, bundle_size, bundle_time_ms,
                target_latency_ms)
     config = NexmarkConfig(num_events=events)
+    out_dir = tempfile.mkdtemp(prefix='sweep-nexmark-')
+    tap = None
+    if rate is not None:
+        config = nexmark_latency_config(config, rate)
+
+        def tap(output: beam.PCollection) -> None:
+            _ = (output
+                 | 'Latency' >> beam.FlatMap(nexmark_latency_lines)
+                 | 'WriteLatency' >> beam.ParDo(
+                     launcher._lines_file_writer(os.path.join(out_dir, 'lat'))))
     if runner == SPARK:
         runner_obj: Any = ResultKeepingRunner()
         args = spark_args(bundle_size or 1000, bundle_time_ms or 100,
@@ -349,10 +403,20 @@ def run_nexmark(query: int, runner: str, events: int, rate: float | None,
     else:
         runner_obj, args = runner, []
     started = time.time()
-    result = launcher.run_query(query, runner_obj, config, args, streaming=True, rate=rate)
-    wall = time.time() - started
+    try:
+        result = launcher.run_query(query, runner_obj, config, args, streaming=True,
+                                    rate=rate, tap=tap)
+        wall = time.time() - started
+        samples = micro.read_samples(out_dir) if rate is not None else []
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     row['status'] = 'ok' if result.ok else f'failed: {result.error}'
-    row['note'] = f'{result.output_count} outputs; latency not measured'
+    row['note'] = f'{result.output_count} outputs' + (
+        '' if rate is not None else '; latency not measured (as fast as possible)')
+    if samples:
+        last_due = config.base_time / 1000.0 + events / config.first_event_rate
+        steady = [s for s in samples if s[3] is None or s[3] <= last_due]
+        row.update(latency_fields(steady))
     epochs = epochs_of(runner_obj.last_result) if runner == SPARK else None
     return _finish_row(row, events if result.ok else 0, wall, epochs)
 

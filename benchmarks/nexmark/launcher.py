@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -330,12 +330,14 @@ def _lines_file_writer(prefix: str) -> Any:
 def run_query(query: int, runner: Any, config: NexmarkConfig,
               args: Sequence[str] = (), work_dir: str | None = None,
               streaming: bool = False, rate: float | None = None,
-              corrected_q6: bool = False) -> RunResult:
+              corrected_q6: bool = False,
+              tap: Callable[[Any], Any] | None = None) -> RunResult:
     """Run Beam's query `query` on `runner` in this process; capture its sorted output.
 
     `streaming`: read the unbounded source (at `rate` events/s, None = as fast as
     possible) and run with Beam's `--streaming` option. `corrected_q6`: Q6 is
-    `query6_corrected` (Beam's query fails on every runner).
+    `query6_corrected` (Beam's query fails on every runner). `tap`, if given, is
+    applied to the query's output PCollection too (e.g. a latency sink).
     Failures (e.g. Beam's Q6 negating a Timestamp, a runner that cannot stream) are
     caught and reported in the result.
     """
@@ -365,6 +367,8 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
             else:
                 events = p | 'Events' >> ReadNexmarkEvents(config)
             output = module.load(events, config.query_args(), options)
+            if tap is not None:
+                tap(output)
             lines_pc = output | 'Canonical' >> beam.ParDo(_format_output_fn())
             if streaming:
                 _ = lines_pc | 'Write' >> beam.ParDo(_lines_file_writer(prefix))

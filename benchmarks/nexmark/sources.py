@@ -333,7 +333,10 @@ class UnboundedNexmarkFn(beam.DoFn, NexmarkRestrictionProvider,
 
     Pacing: with `rate` (events/s over all parts), a part emits its event k at
     origin + k / (its share of the rate), origin being the wall time of its first
-    `process` call (kept in the watermark estimator state). Each call emits what is due,
+    `process` call (kept in the watermark estimator state), or, with wall-clock event
+    times (`use_wallclock_event_time`, Java's `useWallclockEventTime`), the base time:
+    at `rate` = the config's event rate an event is then due at its own event time, so
+    the wall time at a sink minus an output's timestamp is its latency. Each call emits what is due,
     then self-checkpoints with `tracker.defer_remainder(delay until the next event)`:
     it never sleeps (a runner that ignores the resume delay just calls back sooner and
     finds nothing or little due). Without `rate` it emits as fast as possible,
@@ -374,7 +377,9 @@ class UnboundedNexmarkFn(beam.DoFn, NexmarkRestrictionProvider,
             rate = part_rate(self._rate, part.size, config.max_events)
             # A first call starts the clock; a resumed call whose runner lost the state
             # assumes it is on schedule.
-            origin = watermark_estimator.pacing_origin(now - start / rate)
+            origin = watermark_estimator.pacing_origin(
+                config.base_time / 1000.0 if config.use_wallclock_event_time
+                else now - start / rate)
             elapsed = now - origin
         end, delay = pacing_step(start, stop, elapsed, rate)
         generator_configs = config.generator_configs()
