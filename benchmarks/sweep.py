@@ -44,11 +44,13 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
 * latency of the NEXMark queries, at a fixed rate only (`nexmark_latency_config`): the
   events get wall-clock event times at the generator's rate = the pacing rate, so an
   event is due at its own event time, and every output's latency is the sink's
-  `time.time()` minus its timestamp (`nexmark_latency_lines`): for Q0 and Q3 that of
-  its (latest) event, for the windowed aggregates (Q5, Q11, Q7's max) their window's
-  end. At a fixed rate these runs use windows of 2 s every 1 s (session gap 2 s), so
-  that a short run closes several windows; as fast as possible, Beam's defaults and
-  no latency.
+  `time.time()` minus its timestamp (`nexmark_latency_lines`): for Q0 that of its
+  event, for the windowed aggregates (Q5, Q11, Q7's max) their window's end. Q3's
+  outputs carry no event time (its CoGroupByKey in the global window stamps them at
+  the window's end): no latency. At a fixed rate these runs use windows of 2 s every
+  1 s (session gap 2 s), so that a short run closes several windows, and their wall
+  time starts when the first event is due (`NEXMARK_START_S` after set-up); as fast
+  as possible, Beam's defaults and no latency.
 * epochs (StreamsSparkRunner): the streaming driver's epoch count (an epoch is one Spark
   job over the pipeline), `epoch_s` = wall time / epochs, and
   `p99_over_bundle_time_plus_epoch` = after-window-end p99 / (bundle time + epoch_s). The
@@ -352,9 +354,14 @@ def nexmark_latency_lines(element, ts=beam.DoFn.TimestampParam,
     """For a NEXMark output at a fixed rate with wall-clock event times (see
     `nexmark_latency_config`): a `micro.latency_lines` line whose creation time is the
     output's timestamp. An event is due (created) at its event time; an output of Q0
-    or Q3 carries the event time of its (latest) event, one of a windowed aggregate
-    (Q5, Q7's max, Q11) its window's end; Q7's winning bids keep their own event time,
-    so their after-window-end latency is the one comparable with Q5's."""
+    carries the event time of its event, one of a windowed aggregate (Q5, Q7's max,
+    Q11) its window's end; Q7's winning bids keep their own event time,
+    so their after-window-end latency is the one comparable with Q5's. An output
+    stamped at the end of the global window carries no event time (Q3's join, after
+    a CoGroupByKey with a count trigger in the global window): no line."""
+    # Within a millisecond of the end: Beam's coders keep timestamps to milliseconds.
+    if isinstance(w, beam.window.GlobalWindow) and ts > w.max_timestamp() - Duration(micros=1000):
+        return []
     now = time.time()
     created = ts.micros / 1e6
     end = w.end.micros / 1e6 if isinstance(w, beam.window.IntervalWindow) else None
@@ -406,17 +413,24 @@ def run_nexmark(query: int, runner: str, events: int, rate: float | None,
     try:
         result = launcher.run_query(query, runner_obj, config, args, streaming=True,
                                     rate=rate, tap=tap)
+        # At a fixed rate no event is due before the base time: the wait for it is
+        # not the runner's.
+        started = max(started, config.base_time / 1000.0) if rate is not None else started
         wall = time.time() - started
         samples = micro.read_samples(out_dir) if rate is not None else []
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     row['status'] = 'ok' if result.ok else f'failed: {result.error}'
-    row['note'] = f'{result.output_count} outputs' + (
-        '' if rate is not None else '; latency not measured (as fast as possible)')
-    if samples:
+    row['note'] = f'{result.output_count} outputs'
+    if rate is None:
+        row['note'] += '; latency not measured (as fast as possible)'
+    else:
         last_due = config.base_time / 1000.0 + events / config.first_event_rate
         steady = [s for s in samples if s[3] is None or s[3] <= last_due]
         row.update(latency_fields(steady))
+        if not steady:
+            row['note'] += ('; no latency: no output carries an event time, or the end of '
+                            'the stream fired them all')
     epochs = epochs_of(runner_obj.last_result) if runner == SPARK else None
     return _finish_row(row, events if result.ok else 0, wall, epochs)
 

@@ -83,6 +83,11 @@ def test_nexmark_latency_is_sink_time_minus_the_output_timestamp():
     latency, after_end, _, end = sweep.nexmark_latency_lines('x', ts, ended)[0].split('\t')
     assert 1.0 <= float(after_end) < 2.0 <= float(latency)
     assert float(end) == pytest.approx(now - 1.0, abs=1e-5)
+    # Stamped at the global window's end: no event time, no line.
+    glob = window.GlobalWindow()
+    assert sweep.nexmark_latency_lines('x', glob.max_timestamp(), glob) == []
+    in_millis = Timestamp(micros=glob.max_timestamp().micros // 1000 * 1000)  # as decoded
+    assert sweep.nexmark_latency_lines('x', in_millis, glob) == []
 
 
 def test_nexmark_latency_config_paces_events_at_their_event_times():
