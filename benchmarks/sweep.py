@@ -413,9 +413,9 @@ def run_nexmark(query: int, runner: str, events: int, rate: float | None,
     try:
         result = launcher.run_query(query, runner_obj, config, args, streaming=True,
                                     rate=rate, tap=tap)
-        # At a fixed rate no event is due before the base time: the wait for it is
-        # not the runner's.
-        started = max(started, config.base_time / 1000.0) if rate is not None else started
+        if rate is not None:
+            # No event is due before the base time: the wait for it is not the runner's.
+            started = max(started, config.base_time / 1000.0)
         wall = time.time() - started
         samples = micro.read_samples(out_dir) if rate is not None else []
     finally:

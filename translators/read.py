@@ -85,8 +85,6 @@ def mark_source_bundles(
             for consumer in stage.transforms:
                 for tag in [t for t, pcollection in consumer.inputs.items() if pcollection == read]:
                     consumer.inputs[tag] = bundled
-                    if consumer.unique_name in context.components.transforms:
-                        context.components.transforms[consumer.unique_name].inputs[tag] = bundled
             boundary_id = translations.unique_name(
                 context.components.transforms, transform.unique_name + '/SourceBundles')
             boundary = context.components.transforms[boundary_id]
