@@ -200,10 +200,11 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
             epoch.state_dir, f'stage-{stage.index}/gate-{index}', epoch.number, gate)
 
 
-def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
+def read_on(operator: FusedStageOperator, deadline: float,
+            clock: Callable[[], float] = time.monotonic) -> Iterator[Record]:
     """Reads the residuals of a source stage's restrictions on, one read slice each
     in turn (see `FusedStageOperator.read_residual`), while one is due at once and
-    `deadline` (time.monotonic()) is not reached; the first slice is read even past
+    `deadline` (on `clock`) is not reached; the first slice is read even past
     the deadline, so every task moves on.
 
     The furthest-behind restriction reads first (lowest watermark, then earliest due):
@@ -220,7 +221,7 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
     source ends the epoch early and the epoch's length follows the load. What is
     left when the budget runs out also goes back, with its remaining delay.
     """
-    now = time.monotonic()
+    now = clock()
     pending = [(now + r.resume_delay_s, r) for r in operator.residuals]
     operator.residuals = []
     read_any = False
@@ -233,7 +234,7 @@ def read_on(operator: FusedStageOperator, deadline: float) -> Iterator[Record]:
         residual = item[1]
         yield from operator.read_residual(residual)
         read_any = True
-        now = time.monotonic()
+        now = clock()
         pending.extend((now + r.resume_delay_s, r) for r in operator.residuals)
         operator.residuals = []
     operator.residuals = [r._replace(resume_delay_s=max(0.0, at - now)) for at, r in pending]

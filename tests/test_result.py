@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import apache_beam as beam
@@ -12,23 +13,40 @@ from apache_beam.transforms import userstate
 from beam_streams_runner import StreamsSparkRunner
 
 
-def _slow(x):
+def _held(x, gate: str):
+    """Holds every element until the test creates `gate`."""
+    import os
     import time as _time
-    _time.sleep(0.5)
+    while not os.path.exists(gate):
+        _time.sleep(0.05)
     return x
 
 
-def test_wait_with_duration_then_cancel(caplog):
+def test_wait_with_duration_then_cancel(caplog, tmp_path):
+    # The job cannot end while the gate is closed, so a wait that returns proves it
+    # stopped after its duration, and a run that ends proves cancel() stopped it:
+    # neither depends on how fast the machine is.
+    gate = tmp_path / 'gate'
     p = beam.Pipeline(runner=StreamsSparkRunner(),
                       options=PipelineOptions(['--spark_master=local[2]', '--bundle_size=1']))
-    _ = p | beam.Create(list(range(400))) | beam.Map(_slow)
+    _ = p | beam.Create(list(range(400))) | beam.Map(_held, str(gate))
     result = p.run()
-    started = time.monotonic()
-    assert result.wait_until_finish(duration=1000) == PipelineState.RUNNING
-    assert time.monotonic() - started < 30
-    assert result.cancel() == PipelineState.CANCELLED
-    assert result.state == PipelineState.CANCELLED
-    assert result.wait_until_finish() == PipelineState.CANCELLED
+    # A hang guard, not a bound: a wait that ignores its duration then sees the job
+    # end and returns DONE instead of hanging the suite.
+    opener = threading.Timer(120, gate.touch)
+    opener.start()
+    try:
+        assert result.wait_until_finish(duration=1000) == PipelineState.RUNNING
+        opener.cancel()
+        assert not gate.exists()
+        # Were cancel() not to stop the Spark job, it would wait for the gate for good
+        # (pytest-timeout ends it); the finally then lets the run end.
+        assert result.cancel() == PipelineState.CANCELLED
+        assert result.state == PipelineState.CANCELLED
+        assert result.wait_until_finish() == PipelineState.CANCELLED
+    finally:
+        opener.cancel()
+        gate.touch()
     assert not [r for r in caplog.records if 'Pipeline failed' in r.getMessage()]
 
 

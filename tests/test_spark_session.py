@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -21,7 +20,14 @@ from beam_streams_runner.spark_session import (
 
 @pytest.fixture
 def no_active_spark(monkeypatch):
-    """Pretend no SparkSession/SparkContext is active, and fail if a JVM would start."""
+    """Pretend no SparkSession/SparkContext is active, and fail if a JVM would start.
+
+    Returns the calls that reached pyspark's gateway launch (the spark-submit JVM of
+    a new SparkContext): tests assert there were none, since the AssertionError
+    raised there could be swallowed on its way out.
+    """
+    import pyspark.core.context
+    import pyspark.java_gateway
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -32,28 +38,49 @@ def no_active_spark(monkeypatch):
         raise AssertionError('ensure_java() was reached: a JVM would have started')
 
     monkeypatch.setattr(spark_session, 'ensure_java', no_jvm)
+    launches = []
+
+    def no_gateway(*args, **kwargs):
+        launches.append((args, kwargs))
+        raise AssertionError('launch_gateway() was reached: a JVM would have started')
+
+    # SparkContext calls the name it imported; patch the source too for other callers.
+    monkeypatch.setattr(pyspark.core.context, 'launch_gateway', no_gateway)
+    monkeypatch.setattr(pyspark.java_gateway, 'launch_gateway', no_gateway)
+    return launches
 
 
 def _options(*flags):
     return PipelineOptions(list(flags)).view_as(StreamsSparkOptions)
 
 
-def test_unreachable_master_fails_fast_before_any_jvm(no_active_spark):
+def test_unreachable_master_fails_fast_before_any_jvm(no_active_spark, monkeypatch):
     from pyspark import SparkContext
 
-    start = time.monotonic()
+    # "Fast" is what is done before failing, not a time: one TCP connect per host,
+    # bounded by the connect timeout, and no JVM (ensure_java, gateway) at all.
+    probes = []
+    connect = socket.create_connection
+
+    def probe(address, timeout=None, *args, **kwargs):
+        probes.append((address, timeout))
+        return connect(address, timeout, *args, **kwargs)
+
+    monkeypatch.setattr(socket, 'create_connection', probe)
     with pytest.raises(SparkMasterUnreachableError) as info:
         get_or_create_spark(_options('--spark_master=spark://127.0.0.1:1'), 'test')
-    assert time.monotonic() - start < 5
+    assert probes == [(('127.0.0.1', 1), spark_session.MASTER_CONNECT_TIMEOUT_S)]
     message = str(info.value)
     assert 'spark://127.0.0.1:1' in message
     assert 'start-master.sh' in message and '--spark_master=local[*]' in message
     assert SparkContext._active_spark_context is None
+    assert no_active_spark == []
 
 
 def test_unreachable_master_from_spark_conf(no_active_spark):
     with pytest.raises(SparkMasterUnreachableError, match=re.escape('spark://127.0.0.1:1')):
         get_or_create_spark(_options('--spark_conf=spark.master=spark://127.0.0.1:1'), 'test')
+    assert no_active_spark == []
 
 
 def test_error_is_runtime_error():
