@@ -1,14 +1,30 @@
 """Tests of the NEXMark generator (benchmarks/nexmark): pure Python, no Spark.
 
-Golden values. The literals marked "Java" were produced on JDK 17 by a throw-away
-program (not committed): `java.util.Random` itself for the `JavaRandom` references, and
-for the events Beam's Java generator sources (`Generator`, `GeneratorConfig`,
-`PersonGenerator`, `AuctionGenerator`, `BidGenerator`, `PriceGenerator`,
-`StringsGenerator`, `LongGenerator`, `NexmarkUtils.RateShape/RateUnit`) copied unchanged
-and compiled against stub model classes, run as Java's `BoundedEventSource` does:
-`new GeneratorConfig(config, BASE_TIME, 0, numEvents, 0).split(numEventGenerators)`, one
-`Generator` per part, parts concatenated. Each event was printed as one line (`_line`
-below) and the SHA-256 of the lines (each ending in a newline) recorded.
+Golden values. The literals marked "Java" were first produced on JDK 17 by a throw-away
+program; they are reproduced by two programs committed in `benchmarks/nexmark/java/` (its
+README.md has the commands and maps every output line to the literal it reproduces):
+
+* `JavaReferenceValues.java`, JDK only (`java JavaReferenceValues.java`): `java.util.Random`
+  itself for the `JavaRandom` references and the Java arithmetic (`Math.round`, `/`, `%`).
+  `test_reference_values_program_reproduces_the_java_literals` runs it with the `java` on the
+  PATH and checks its output against the literals below, so they are re-derived on every run.
+* `NexmarkDump.java`: the events of Beam's Java generator, through the public API of the
+  published artifact `org.apache.beam:beam-sdks-java-testing-nexmark` 2.77.0 (Maven Central;
+  `pom.xml` there), run as Java's `BoundedEventSource` does:
+  `new GeneratorConfig(config, BASE_TIME, 0, numEvents, 0).split(numEventGenerators)`, one
+  `Generator` per part, parts concatenated. Each event is printed as one line (`_line` below)
+  and the SHA-256 of the lines (each ending in a newline) recorded; it also prints the
+  rate-shape values (`NexmarkUtils.RateShape`). It needs Maven Central, so it is not run here.
+  Where these tests were set up Maven Central was unreachable: NexmarkDump.java was compiled
+  against Beam's own generator sources (not committed) with stub model classes, the newest
+  versions the apache/beam source index held, not the v2.77.0 tag: `Generator.java` @ dcea89b9,
+  `GeneratorConfig.java` @ 283335fd (2.74.0 development line), `AuctionGenerator`,
+  `PriceGenerator` @ 9068b66b, `BidGenerator` @ 7afd50d8, `PersonGenerator` @ 8d9cd19e,
+  `StringsGenerator` @ dcea89b9, `LongGenerator` @ 00741387, `NexmarkUtils.RateShape/RateUnit`
+  @ 5d56d61a. It printed every SHA-256, golden line and rate-shape value below exactly, and
+  its lines equal those of the Python generator (`dump_python.py`) for all events of DEFAULT,
+  JAGGED and SINGLE and of SINE, PER_MINUTE and small-size/ratio variants, and for the first
+  events of numEvents=0 runs.
 """
 
 from __future__ import annotations
@@ -16,7 +32,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import pickle
+import shutil
+import subprocess
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 from apache_beam.testing.benchmarks.nexmark.models import nexmark_model
@@ -143,16 +163,24 @@ def test_java_random_matches_java(seed: int) -> None:
     assert [r.next_int(b) for b in _BOUNDS] == bounded
 
 
+# Java: new Random(2024), 1000 x nextInt((1 << 30) + 1) (about half the draws rejected):
+# the first eight values and the sum of all.
+_REJECTION = (2024, (1 << 30) + 1, 1000)  # seed, bound, draws
+_REJECTION_FIRST8 = [404367186, 202218659, 1061057871, 1747022, 150672411, 1062585487,
+                     1022913302, 650154807]
+_REJECTION_SUM = 543914432912
+# Java: new Random(42).nextInt(100) == 30, new Random(42).nextInt(10) == 0.
+_FRESH_NEXT_INT = {(42, 100): 30, (42, 10): 0}
+
+
 def test_java_random_rejection_path() -> None:
-    # Java: new Random(2024), 1000 x nextInt((1 << 30) + 1) (about half the draws rejected).
-    r = JavaRandom(2024)
-    values = [r.next_int((1 << 30) + 1) for _ in range(1000)]
-    assert values[:8] == [404367186, 202218659, 1061057871, 1747022, 150672411, 1062585487,
-                          1022913302, 650154807]
-    assert sum(values) == 543914432912
-    # Java: new Random(42).nextInt(100) == 30, new Random(42).nextInt(10) == 0.
-    assert JavaRandom(42).next_int(100) == 30
-    assert JavaRandom(42).next_int(10) == 0
+    seed, bound, draws = _REJECTION
+    r = JavaRandom(seed)
+    values = [r.next_int(bound) for _ in range(draws)]
+    assert values[:8] == _REJECTION_FIRST8
+    assert sum(values) == _REJECTION_SUM
+    for (seed, bound), value in _FRESH_NEXT_INT.items():
+        assert JavaRandom(seed).next_int(bound) == value
 
 
 def test_java_random_against_an_independent_lcg() -> None:
@@ -169,13 +197,80 @@ def test_java_random_against_an_independent_lcg() -> None:
         r.next_int(0)
 
 
+# Java: Math.round(0.49999999999999994), Math.round(-2.5), Math.round(2.5),
+# Math.round(-0.5) = 0 -2 3 0; -7 / 2 = -3; -7 % 26 = -7; Math.abs(Long.MIN_VALUE % 10) = 8.
+_JAVA_ROUND = {0.49999999999999994: 0, -2.5: -2, 2.5: 3, -0.5: 0}
+_JAVA_DIV = {(-7, 2): -3}
+_JAVA_REM = {(-7, 26): -7}
+_JAVA_ABS_REM = {(-(1 << 63), 10): 8}
+# Java: GeneratorConfig's maxEvents for numEvents 0 (default sizes) = Long.MAX_VALUE /
+# (50 * 500); checked in test_defaults_are_javas.
+_JAVA_MAX_EVENTS_UNBOUNDED = ((1 << 63) - 1) // 25_000
+
+
 def test_java_arithmetic() -> None:
-    # Java: Math.round(0.49999999999999994), Math.round(-2.5), Math.round(2.5),
-    # Math.round(-0.5) = 0 -2 3 0; -7 / 2 = -3; -7 % 26 = -7; Math.abs(Long.MIN_VALUE % 10) = 8.
-    assert [java_round(x) for x in (0.49999999999999994, -2.5, 2.5, -0.5)] == [0, -2, 3, 0]
-    assert java_div(-7, 2) == -3
-    assert java_rem(-7, 26) == -7
-    assert abs(java_rem(-(1 << 63), 10)) == 8
+    assert {x: java_round(x) for x in _JAVA_ROUND} == _JAVA_ROUND
+    assert {(a, b): java_div(a, b) for a, b in _JAVA_DIV} == _JAVA_DIV
+    assert {(a, b): java_rem(a, b) for a, b in _JAVA_REM} == _JAVA_REM
+    assert {(a, b): abs(java_rem(a, b)) for a, b in _JAVA_ABS_REM} == _JAVA_ABS_REM
+
+
+# The JDK-only program that prints the values above (see the module docstring).
+_REFERENCE_PROGRAM = (Path(__file__).resolve().parents[2] / 'benchmarks' / 'nexmark' / 'java'
+                      / 'JavaReferenceValues.java')
+_JAVA = shutil.which('java')
+
+
+def _reference_values(output: str) -> dict[str, Any]:
+    """The output of JavaReferenceValues.java, parsed into the shapes of the literals above."""
+    values: dict[str, Any] = {'seed': {}, 'rejection': {}, 'freshNextInt': {}, 'round': {},
+                               'div': {}, 'rem': {}, 'absRem': {}}
+    for line in output.splitlines():
+        if not line or line.startswith('#'):
+            continue
+        key, *rest = line.split()
+        if key == 'bounds':
+            values['bounds'] = [int(x) for x in rest]
+        elif key == 'seed':  # seed S METHOD V...
+            seed, method, *draws = rest
+            parse = str if method == 'nextDouble' else int
+            values['seed'].setdefault(int(seed), {})[method] = [parse(x) for x in draws]
+        elif key == 'rejection':  # rejection SEED BOUND DRAWS first8|sum V...
+            *params, what = rest[:4]
+            values['rejection'][(*map(int, params), what)] = [int(x) for x in rest[4:]]
+        elif key == 'freshNextInt':
+            seed, bound, value = map(int, rest)
+            values['freshNextInt'][(seed, bound)] = value
+        elif key == 'round':
+            values['round'][float(rest[0])] = int(rest[1])
+        elif key in ('div', 'rem', 'absRem'):
+            a, b, value = map(int, rest)
+            values[key][(a, b)] = value
+        elif key == 'maxEventsUnbounded':
+            values[key] = int(rest[0])
+        else:
+            raise AssertionError(f'unexpected line of {_REFERENCE_PROGRAM.name}: {line!r}')
+    return values
+
+
+@pytest.mark.skipif(_JAVA is None, reason='no `java` on the PATH to run JavaReferenceValues.java')
+def test_reference_values_program_reproduces_the_java_literals() -> None:
+    assert _JAVA is not None
+    run = subprocess.run([_JAVA, str(_REFERENCE_PROGRAM)], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert run.returncode == 0, run.stderr
+    values = _reference_values(run.stdout)
+    assert values['bounds'] == _BOUNDS
+    methods = ('nextInt', 'nextLong', 'nextDouble', 'nextIntBounded')
+    assert {seed: tuple(draws[m] for m in methods) for seed, draws in values['seed'].items()} == (
+        {seed: tuple(draws) for seed, draws in _JAVA_RANDOM.items()})
+    assert values['rejection'] == {(*_REJECTION, 'first8'): _REJECTION_FIRST8,
+                                   (*_REJECTION, 'sum'): [_REJECTION_SUM]}
+    assert values['freshNextInt'] == _FRESH_NEXT_INT
+    assert values['round'] == _JAVA_ROUND
+    assert (values['div'], values['rem'], values['absRem']) == (
+        _JAVA_DIV, _JAVA_REM, _JAVA_ABS_REM)
+    assert values['maxEventsUnbounded'] == _JAVA_MAX_EVENTS_UNBOUNDED
 
 
 # ---------------------------------------------------------------- configuration
@@ -198,8 +293,7 @@ def test_defaults_are_javas() -> None:
     assert c.inter_event_delay_us == (10_000,)
     assert c.max_events == 100_000
     assert (c.events_per_epoch, c.epoch_period_ms) == (0, 0)
-    # Java: numEvents 0 = Long.MAX_VALUE / (50 * 500).
-    assert c.replace(num_events=0).max_events == ((1 << 63) - 1) // 25_000
+    assert c.replace(num_events=0).max_events == _JAVA_MAX_EVENTS_UNBOUNDED
 
 
 def test_rate_shapes_match_java() -> None:
@@ -284,8 +378,9 @@ def test_event_digests_match_java() -> None:
     # defaults, and [9000, 11000) of JAGGED (numEvents=30000 numEventGenerators=3
     # outOfOrderGroupSize=6 rateShape=SQUARE firstEventRate=10000 nextEventRate=2000
     # ratePeriodSec=4). (All 100,000 default events and all 30,000 JAGGED ones were also
-    # compared line by line when this was written, and runs with SINE rates, PER_MINUTE,
-    # one timeline, numEvents=0, small sizes/ratios: identical.)
+    # compared line by line, and runs with SINE rates, PER_MINUTE, one timeline,
+    # numEvents=0, small sizes/ratios: identical; benchmarks/nexmark/java/README.md has the
+    # commands: NexmarkDump.java and dump_python.py.)
     assert _sha(DEFAULT, 0, 2000) == (
         '2799cf48936546e62716cef6cd59cb827f42f06dd8703242c8e5f7951434d551')
     assert _sha(DEFAULT, 99_000, 100_000) == (
