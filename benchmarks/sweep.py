@@ -14,20 +14,35 @@ on StreamsSparkRunner:
   unbounded splittable DoFn emitting `--elements` elements `(key, (index, creation wall
   time))` in `--source_splits` parallel parts, each timestamped with its creation time,
   with a watermark following event time (the last emitted timestamp, +inf at the end);
-* the NEXMark queries `--queries` (Beam's own, through `benchmarks.nexmark.launcher.run_query`
+* the NEXMark queries `--queries` (Beam's own, through `benchmarks.nexmark.runs.run_query`
   over `ReadUnboundedNexmarkEvents`, `--nexmark_events` events at the same rate).
 
 Every run is in this process on one SparkSession, warmed up (Spark and its Python workers
 started) before the first timed run. Beam's DirectRunner (`--streaming`: its FnApiRunner
-reads the unbounded source to the end, then runs the rest) gives one reference row per case
-and rate when `--runners` names it; it has no bundle options.
+reads the unbounded source to the end, then runs the rest) gives reference rows per case
+and rate when `--runners` names it, in both configurations of `micro.DIRECT_RUNNERS`:
+`DirectRunner` (its default, one worker in this process) and `DirectRunner (2 processes)`
+(`--direct_num_workers=2 --direct_running_mode=multi_processing`, two SDK worker processes
+over gRPC, as many as the cores of `local[2]`; each run starts its own, so its wall time
+includes their start-up). It has no bundle options. The second loses the elements a
+splittable DoFn defers when it checkpoints (see the report's notes), so its rows fail
+wherever the source checkpoints: the output check is what shows it.
 
 Measured, per run (a row of `sweep.csv` / `sweep.md`):
 
-* throughput `elements_per_s` = elements / wall time from `Pipeline.run()` to the end. A
-  StreamsSparkRunner micro run still running after `--timeout_s` is cancelled; its
-  throughput is then the source's `emitted` counter / wall time (status `timeout`).
-  NEXMark runs have no timeout (the launcher's `run_query` gives no handle to cancel).
+* `output_ok`, whether the output arrived: a micro run's sink (`micro.sink`, a
+  `sink_check.CountingSink` appending to files of its DoFn instances, read back after the
+  run) must have got every element exactly as often as its windows imply (count, and the
+  sum of the indices as a checksum): `yes`, or `failed: expected N, got M`. A NEXMark
+  run's captured output must equal that of the same query and events run in batch on
+  the DirectRunner (`nexmark_reference`, not timed; the BundleBasedDirectRunner for
+  Q4/Q6/Q9), as the NEXMark launcher judges it (`verdicts.equality_verdict`,
+  `nexmark_verdict`). An empty output is failed.
+* throughput `elements_per_s` = elements / wall time from `Pipeline.run()` to the end,
+  only for a run whose `output_ok` is `yes` (blank otherwise, and `failed` in the
+  summary). A StreamsSparkRunner micro run still running after `--timeout_s` is
+  cancelled (status `timeout`): its verdict counts what reached the sink by then.
+  NEXMark runs have no timeout (`runs.run_query` gives no handle to cancel).
   At a fixed rate throughput cannot pass the rate: compare bundle sizes at `max`.
 * latency of the micro cases, for one element in `micro.SAMPLE_EVERY`: the sink's
   `time.time()` minus the element's creation time (`latency_*`) and minus the end of its
@@ -39,12 +54,12 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
   time, microseconds). An element of the sliding-window case reaches the sink twice (two
   windows) and is sampled twice; panes of windows that end after the last sampled element
   was created (fired early by the final +inf watermark) are left out (`steady_samples`).
-  Each sampled line is appended to a file of the sink's DoFn instance (the launcher's
-  `_lines_file_writer`), read back after the run.
+  Each sampled line is appended by the sink to a file of its DoFn instance, read back
+  after the run.
 * latency of the NEXMark queries, at a fixed rate only (`nexmark_latency_config`): the
   events get wall-clock event times at the generator's rate = the pacing rate, so an
   event is due at its own event time, and every output's latency is the sink's
-  `time.time()` minus its timestamp (`nexmark_latency_lines`): for Q0 that of its
+  `time.time()` minus its timestamp (`nexmark_latency_line`): for Q0 that of its
   event, for the windowed aggregates (Q5, Q11, Q7's max) their window's end. Q3's
   outputs carry no event time (its CoGroupByKey in the global window stamps them at
   the window's end): no latency. At a fixed rate these runs use windows of 2 s every
@@ -59,9 +74,11 @@ Measured, per run (a row of `sweep.csv` / `sweep.md`):
 
 Report (`--out`): `sweep.md` (summary: throughput per bundle size and "throughput at bundle
 10 / at bundle 1000" per case, rate, bundle time and target latency, against the goal of
-0.5; notes; then every run), `sweep.csv`, `sweep_summary.csv`, `sweep_throughput.png`
-(throughput vs bundle size, log x, a line per case, a panel per rate / bundle time / target
-latency), `sweep_latency.png` (latency p50/p99 vs bundle size) and
+0.5, with both DirectRunner rows' throughput beside it; a failed run shows `failed` there
+and counts in no ratio or goal; notes; then every run with its `output_ok`),
+`sweep.csv`, `sweep_summary.csv`, `sweep_throughput.png` (throughput vs bundle size, log x,
+a line per case, a panel per rate / bundle time / target latency, the DirectRunner rows
+as horizontal lines), `sweep_latency.png` (latency p50/p99 vs bundle size) and
 `sweep_latency_vs_epoch.png` (after-window-end latency vs bundle time + epoch length).
 """
 
@@ -80,7 +97,6 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
@@ -88,9 +104,10 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
 from beam_streams_runner import StreamsSparkRunner
-from benchmarks import micro
-from benchmarks.nexmark import launcher
+from benchmarks import micro, sink_check
+from benchmarks.nexmark import launcher, report, runs, verdicts
 from benchmarks.nexmark.config import NexmarkConfig
+from benchmarks.nexmark.early_bids import WINNING_BIDS_QUERIES
 from benchmarks.nexmark.sources import (
     NexmarkWatermarkEstimator,
     pacing_step,
@@ -98,10 +115,18 @@ from benchmarks.nexmark.sources import (
     resume_delay_s,
 )
 
-SPARK = 'StreamsSparkRunner'
-DIRECT = 'DirectRunner'
-# Keeps Beam's DirectRunner on its FnApiRunner instead of first trying to get Prism.
-DIRECT_ARGS = ['--streaming', '--allow_unsafe_triggers']
+SPARK = micro.SPARK
+DIRECT = micro.DIRECT
+DIRECT_2 = micro.DIRECT_2
+
+
+def direct_args(label: str) -> list[str]:
+    """The streaming options of DirectRunner configuration `label` (`micro.DIRECT_RUNNERS`,
+    which keep it on its FnApiRunner)."""
+    return ['--streaming', *micro.DIRECT_RUNNERS[label]]
+
+
+DIRECT_ARGS = direct_args(DIRECT)
 DEFAULT_QUERIES = '0,3,5,7,11'
 WARM_UP_CASE = 'GBK sliding 2s every 1s on 10 keys'
 METRICS_NAMESPACE = 'sweep'
@@ -231,7 +256,7 @@ def epochs_of(result: Any) -> int | None:
 
 class ResultKeepingRunner(StreamsSparkRunner):
     """StreamsSparkRunner that keeps its last pipeline result (for `epochs_of`) when a
-    caller (the NEXMark launcher's `run_query`) does not hand it out."""
+    caller (the NEXMark `runs.run_query`) does not hand it out."""
 
     last_result: Any = None
 
@@ -253,17 +278,18 @@ def _row(case: str, runner: str, rate: float | None, bundle_size: int | None,
             'bundle_size': '' if bundle_size is None else bundle_size,
             'bundle_time_ms': '' if bundle_time_ms is None else bundle_time_ms,
             'target_latency_ms': '' if target_latency_ms is None else target_latency_ms,
-            'elements': 0, 'status': '', 'wall_s': '', 'elements_per_s': '', 'epochs': '',
+            'elements': 0, 'status': '', 'output_ok': '', 'wall_s': '', 'elements_per_s': '',
+            'epochs': '',
             'epoch_s': '', 'latency_p50_s': '', 'latency_p99_s': '',
             'after_window_end_p50_s': '', 'after_window_end_p99_s': '',
             'p99_over_bundle_time_plus_epoch': '', 'note': ''}
 
 
 def _finish_row(row: dict, elements: int, wall: float, epochs: int | None) -> dict:
+    """Wall time, epochs and throughput; throughput only if `row['output_ok']` is ok."""
     row['elements'] = elements
     row['wall_s'] = round(wall, 2)
-    failed = row['status'].startswith('failed')
-    row['elements_per_s'] = round(elements / wall) if wall > 0 and not failed else ''
+    row['elements_per_s'] = sink_check.throughput(row['output_ok'], elements, wall)
     if epochs:
         row['epochs'] = epochs
         row['epoch_s'] = round(wall / epochs, 3)
@@ -272,15 +298,6 @@ def _finish_row(row: dict, elements: int, wall: float, epochs: int | None) -> di
             row['p99_over_bundle_time_plus_epoch'] = round(
                 row['after_window_end_p99_s'] / budget, 2)
     return row
-
-
-def _emitted(result: Any) -> int | None:
-    try:
-        counters = result.metrics().query(
-            MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name('emitted'))['counters']
-    except Exception:  # noqa: BLE001 - a runner without live metrics: unknown
-        return None
-    return sum(c.committed or c.attempted or 0 for c in counters)
 
 
 def steady_samples(samples: Sequence[micro.Sample]) -> list[micro.Sample]:
@@ -308,51 +325,51 @@ def run_micro(case: str, runner: str, n: int, rate: float | None, splits: int,
               target_latency_ms: int | None = None, extra: Sequence[str] = (),
               timeout_s: float | None = None) -> dict:
     """One streaming run of micro case `case` on `runner` (StreamsSparkRunner with the
-    bundle options and `extra`, or DirectRunner, which ignores them); its report row."""
+    bundle options and `extra`, or a DirectRunner label of `micro.DIRECT_RUNNERS`, which
+    has none); its report row, with the sink's verdict (`micro.expected_tally`)."""
     row = _row(case, runner, rate, bundle_size, bundle_time_ms, target_latency_ms)
     if runner == SPARK:
         args = ['--streaming', *spark_args(bundle_size or 1000, bundle_time_ms or 100,
                                            target_latency_ms or 1000, extra)]
         runner_obj: Any = StreamsSparkRunner()
     else:
-        args, runner_obj = list(DIRECT_ARGS), runner
+        args, runner_obj = direct_args(runner), DIRECT
     out_dir = tempfile.mkdtemp(prefix='sweep-')
     result: Any = None
     samples: list[micro.Sample] = []
-    elements = 0
     started = time.time()
     try:
         p = beam.Pipeline(runner=runner_obj, options=PipelineOptions(args))
-        (micro.CASES[case](stamped_stream(p, n, rate, splits))
-         | 'Latency' >> beam.FlatMap(micro.latency_lines)
-         | 'Write' >> beam.ParDo(launcher._lines_file_writer(os.path.join(out_dir, 'lat'))))
+        _ = (micro.CASES[case](stamped_stream(p, n, rate, splits))
+             | 'Sink' >> beam.ParDo(micro.sink(os.path.join(out_dir, 'sink'))))
         started = time.time()
         result = p.run()
         state = result.wait_until_finish(
             None if timeout_s is None or runner != SPARK else int(timeout_s * 1000))
         if PipelineState.is_terminal(state):
-            elements = n
             row['status'] = 'ok' if state == PipelineState.DONE else str(state).lower()
         else:
             result.cancel()
-            elements = _emitted(result) or 0
             row['status'] = f'timeout ({timeout_s:g} s)'
-            row['note'] = 'cancelled; throughput = elements the source emitted / wall time'
+            row['note'] = 'cancelled; output_ok counts what reached the sink by then'
         wall = time.time() - started
-        samples = steady_samples(micro.read_samples(out_dir))
+        written = sink_check.read_sink(out_dir)
+        row['output_ok'] = sink_check.verdict(micro.expected_tally(case, n), written.tally)
+        samples = steady_samples(micro.parse_samples(written.lines))
     except Exception as e:  # noqa: BLE001 - a failed run is a row of the report
         wall = time.time() - started
-        row['status'] = f'failed: {type(e).__name__}: {launcher._first_line(str(e))}'
+        row['status'] = f'failed: {type(e).__name__}: {verdicts.first_line(str(e))}'
+        row['output_ok'] = 'failed: the run failed'
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     row.update(latency_fields(samples))
-    return _finish_row(row, elements, wall, epochs_of(result) if runner == SPARK else None)
+    return _finish_row(row, n, wall, epochs_of(result) if runner == SPARK else None)
 
 
-def nexmark_latency_lines(element, ts=beam.DoFn.TimestampParam,
-                          w=beam.DoFn.WindowParam) -> list[str]:
-    """For a NEXMark output at a fixed rate with wall-clock event times (see
-    `nexmark_latency_config`): a `micro.latency_lines` line whose creation time is the
+def nexmark_latency_line(ts: Timestamp, w, now: float) -> list[str]:
+    """For a NEXMark output with timestamp `ts` in window `w` reaching the sink at wall
+    time `now`, at a fixed rate with wall-clock event times (see
+    `nexmark_latency_config`): a `micro.latency_line` whose creation time is the
     output's timestamp. An event is due (created) at its event time; an output of Q0
     carries the event time of its event, one of a windowed aggregate (Q5, Q7's max,
     Q11) its window's end; Q7's winning bids keep their own event time,
@@ -362,32 +379,81 @@ def nexmark_latency_lines(element, ts=beam.DoFn.TimestampParam,
     # Within a millisecond of the end: Beam's coders keep timestamps to milliseconds.
     if isinstance(w, beam.window.GlobalWindow) and ts > w.max_timestamp() - Duration(micros=1000):
         return []
-    now = time.time()
     created = ts.micros / 1e6
     end = w.end.micros / 1e6 if isinstance(w, beam.window.IntervalWindow) else None
-    after_end = now - (created if end is None else max(created, end))
-    return [f'{now - created:.6f}\t{after_end:.6f}\t{created:.6f}\t'
-            + ('' if end is None else f'{end:.6f}')]
+    return [micro.sample_line(now, created, end, created if end is None else max(created, end))]
 
 
-def nexmark_latency_config(config: NexmarkConfig, rate: float) -> NexmarkConfig:
+def nexmark_latency_lines(element, w, ts: Timestamp) -> list[str]:
+    """The latency sink's lines of an output reaching it now (`nexmark_latency_line`)."""
+    return nexmark_latency_line(ts, w, time.time())
+
+
+def nexmark_latency_config(config: NexmarkConfig, rate: float,
+                           now: float | None = None) -> NexmarkConfig:
     """`config` for measuring latency at `rate` events/s: event times from the wall clock
     at the generator's rate = the pacing rate (so each event is due at its event time;
-    `UnboundedNexmarkFn`), starting `NEXMARK_START_S` from now (the runner's start-up),
-    and windows of 2 s every 1 s (session gap 2 s) so that a run of a few seconds
-    closes several windows before the end of the stream."""
+    `UnboundedNexmarkFn`), starting `NEXMARK_START_S` after `now` (default: the wall
+    clock; the runner's start-up), and windows of 2 s every 1 s (session gap 2 s) so
+    that a run of a few seconds closes several windows before the end of the stream."""
+    now = time.time() if now is None else now
     return config.replace(
         use_wallclock_event_time=True, first_event_rate=max(1, round(rate)),
         next_event_rate=max(1, round(rate)),
-        base_time_ms=int((time.time() + NEXMARK_START_S) * 1000),
+        base_time_ms=int((now + NEXMARK_START_S) * 1000),
         window_size_sec=2, window_period_sec=1)
+
+
+# The batch reference outputs run so far, by (query, config, without early bids): at `max`
+# every run of a query has the same config; at a fixed rate each has its own base time.
+_REFERENCES: dict[tuple[int, NexmarkConfig, bool], verdicts.RunResult] = {}
+
+
+def nexmark_reference(query: int, config: NexmarkConfig,
+                      without_early_bids: bool = False) -> verdicts.RunResult:
+    """The output of `query` over the events of `config` (`without_early_bids`: less the
+    bids whose window closes before their auction exists, `early_bids`), in batch on the
+    DirectRunner (the BundleBasedDirectRunner for the merging-window queries,
+    `launcher.reference_for`), run once per (query, config)."""
+    key = (query, config, without_early_bids)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = runs.run_query(
+            query, launcher.reference_for(query, DIRECT), config, streaming=False,
+            without_early_bids=without_early_bids)
+    return _REFERENCES[key]
+
+
+def nexmark_verdict(query: int, tested: verdicts.RunResult, reference: verdicts.RunResult,
+                    config: NexmarkConfig,
+                    without_early_bids: verdicts.RunResult | None = None) -> tuple[str, str]:
+    """(`output_ok`, note) of a streaming NEXMark run against its batch `reference`, as
+    `verdicts.equality_verdict` judges it: `yes`; `yes (...)` where it names a difference
+    Beam's model allows (Q3's arrival-order panes, Q4/Q6/Q9's bids closed before their
+    auction, against `without_early_bids`; timestamps equal to the millisecond against
+    the BundleBasedDirectRunner); else `failed: ...`. An empty output is failed."""
+    if tested.ok and not tested.lines:
+        return sink_check.lines_verdict([], reference.lines), ''
+    equal, note = verdicts.equality_verdict(query, tested, reference, config,
+                                            streaming=True,
+                                            without_early_bids=without_early_bids)
+    if equal == 'yes' or equal.startswith('failed'):
+        return equal, note
+    if equal.startswith('no ('):
+        return 'yes (' + equal[len('no ('):], note
+    if equal.startswith('no reference'):
+        return f'failed: {equal}', note
+    if equal == verdicts.EMPTY:
+        return 'failed: empty output', note
+    return (f'failed: expected {reference.output_count} outputs equal to the reference, got '
+            f'{tested.output_count}', note)
 
 
 def run_nexmark(query: int, runner: str, events: int, rate: float | None,
                 bundle_size: int | None = None, bundle_time_ms: int | None = None,
                 target_latency_ms: int | None = None, extra: Sequence[str] = ()) -> dict:
-    """One streaming run of NEXMark `query` (`launcher.run_query` over the unbounded
-    source) on `runner`; its report row. At a fixed rate the row has latencies
+    """One streaming run of NEXMark `query` (`runs.run_query` over the unbounded
+    source) on `runner`; its report row, with its output checked against
+    `nexmark_reference` (not timed). At a fixed rate the row has latencies
     (`nexmark_latency_lines`, every output sampled; outputs of windows that end after
     the last event is due are left out: the end of the stream fired them early)."""
     row = _row(f'NEXMark Q{query}', runner, rate, bundle_size, bundle_time_ms,
@@ -399,29 +465,31 @@ def run_nexmark(query: int, runner: str, events: int, rate: float | None,
         config = nexmark_latency_config(config, rate)
 
         def tap(output: beam.PCollection) -> None:
-            _ = (output
-                 | 'Latency' >> beam.FlatMap(nexmark_latency_lines)
-                 | 'WriteLatency' >> beam.ParDo(
-                     launcher._lines_file_writer(os.path.join(out_dir, 'lat'))))
+            _ = output | 'Latency' >> beam.ParDo(sink_check.CountingSink(
+                os.path.join(out_dir, 'lat'), lines=nexmark_latency_lines))
     if runner == SPARK:
         runner_obj: Any = ResultKeepingRunner()
         args = spark_args(bundle_size or 1000, bundle_time_ms or 100,
                           target_latency_ms or 1000, extra)
     else:
-        runner_obj, args = runner, []
+        runner_obj, args = DIRECT, micro.DIRECT_RUNNERS[runner]
     started = time.time()
     try:
-        result = launcher.run_query(query, runner_obj, config, args, streaming=True,
-                                    rate=rate, tap=tap)
+        result = runs.run_query(query, runner_obj, config, args, streaming=True, rate=rate,
+                                tap=tap)
         if rate is not None:
             # No event is due before the base time: the wait for it is not the runner's.
             started = max(started, config.base_time / 1000.0)
-        wall = time.time() - started
+        # (A run that lost its events may end before the first is due: no time at all.)
+        wall = max(0.0, time.time() - started)
         samples = micro.read_samples(out_dir) if rate is not None else []
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     row['status'] = 'ok' if result.ok else f'failed: {result.error}'
-    row['note'] = f'{result.output_count} outputs'
+    row['output_ok'], check_note = nexmark_verdict(
+        query, result, nexmark_reference(query, config), config,
+        nexmark_reference(query, config, True) if query in WINNING_BIDS_QUERIES else None)
+    row['note'] = '; '.join(p for p in (f'{result.output_count} outputs', check_note) if p)
     if rate is None:
         row['note'] += '; latency not measured (as fast as possible)'
     else:
@@ -432,7 +500,7 @@ def run_nexmark(query: int, runner: str, events: int, rate: float | None,
             row['note'] += ('; no latency: no output carries an event time, or the end of '
                             'the stream fired them all')
     epochs = epochs_of(runner_obj.last_result) if runner == SPARK else None
-    return _finish_row(row, events if result.ok else 0, wall, epochs)
+    return _finish_row(row, events, wall, epochs)
 
 
 # ---------------------------------------------------------------- the sweep
@@ -479,8 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--queries', default=DEFAULT_QUERIES,
                         help='NEXMark queries; empty for none')
     parser.add_argument('--runners', default=f'{SPARK},{DIRECT}',
-                        help=f'{SPARK} (swept) and/or {DIRECT} (one reference row per case '
-                             'and rate)')
+                        help=f'{SPARK} (swept) and/or {DIRECT} (reference rows per case and '
+                             f'rate, as both {list(micro.DIRECT_RUNNERS)})')
     parser.add_argument('--source_splits', type=int, default=4,
                         help='parallel parts of the micro source')
     parser.add_argument('--timeout_s', type=float, default=900.0,
@@ -492,9 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def plan_runs(args: argparse.Namespace) -> list[tuple[str, str, float | None, tuple]]:
     """(kind 'micro'/'nexmark', case or query, rate, (runner, bundle_size, bundle_time_ms,
-    target_latency_ms)) for every run, in order."""
-    runners = [r for r in args.runners.split(',') if r]
-    unknown = set(runners) - {SPARK, DIRECT}
+    target_latency_ms)) for every run, in order; `DirectRunner` gives a run in each of
+    `micro.DIRECT_RUNNERS`."""
+    runners = micro.runner_labels(args.runners)
+    unknown = set(runners) - {SPARK, *micro.DIRECT_RUNNERS}
     if unknown:
         raise ValueError(f'unknown runners {sorted(unknown)}: use {SPARK} and/or {DIRECT}')
     sweep = list(product(_ints(args.bundle_times_ms), _ints(args.target_latencies_ms),
@@ -510,8 +579,8 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[str, str, float | None, tu
         if SPARK in runners:
             plan += [(kind, case, rate, (SPARK, size, time_ms, target))
                      for time_ms, target, size in sweep]
-        if DIRECT in runners:
-            plan.append((kind, case, rate, (DIRECT, None, None, None)))
+        plan += [(kind, case, rate, (runner, None, None, None)) for runner in runners
+                 if runner in micro.DIRECT_RUNNERS]
     return plan
 
 
@@ -523,6 +592,7 @@ def _describe(row: dict) -> str:
         parts.append(f"{row['epochs']} epochs of {row['epoch_s']} s")
     if row['status'] != 'ok':
         parts.append(row['status'])
+    parts.append(f"output {row['output_ok']}")
     return ', '.join(parts)
 
 
@@ -574,28 +644,38 @@ def _group(row: dict) -> tuple:
             row['target_latency_ms'])
 
 
+def _throughput_cell(row: dict) -> Any:
+    """A run's throughput for the summary: `failed` when its output was not right."""
+    return row['elements_per_s'] if sink_check.is_ok(row['output_ok']) else 'failed'
+
+
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
     """Per (case, rate, bundle time, target latency) of StreamsSparkRunner: throughput at
     every bundle size, `throughput at bundle 10 / at bundle 1000` and whether it meets
-    the goal (>= 0.5); DirectRunner's throughput for the same case and rate alongside."""
+    the goal (>= 0.5); each DirectRunner configuration's throughput for the same case and
+    rate alongside. A run whose output failed shows `failed` and is in no ratio."""
     sizes = sorted({r['bundle_size'] for r in rows if r['runner'] == SPARK})
-    direct = {(r['case'], r['rate']): r['elements_per_s'] for r in rows
-              if r['runner'] == DIRECT}
+    directs = [label for label in micro.DIRECT_RUNNERS if any(r['runner'] == label
+                                                               for r in rows)]
+    direct = {(r['runner'], r['case'], r['rate']): _throughput_cell(r) for r in rows
+              if r['runner'] in micro.DIRECT_RUNNERS}
     groups: dict[tuple, dict[int, Any]] = {}
     for row in rows:
         if row['runner'] == SPARK:
-            groups.setdefault(_group(row), {})[row['bundle_size']] = row['elements_per_s']
+            groups.setdefault(_group(row), {})[row['bundle_size']] = _throughput_cell(row)
     out = []
     for (case, _, rate, time_ms, target), by_size in groups.items():
         summary = {'case': case, 'rate': rate, 'bundle_time_ms': time_ms,
                    'target_latency_ms': target}
         summary.update({f'elements_per_s at bundle {s}': by_size.get(s, '') for s in sizes})
         small, large = by_size.get(SMALL), by_size.get(LARGE)
-        ratio = round(small / large, 3) if small and large else ''
+        measured = all(isinstance(v, (int, float)) and v > 0 for v in (small, large))
+        ratio = round(small / large, 3) if measured else ''
         summary[f'throughput at bundle {SMALL} / at bundle {LARGE}'] = ratio
         summary[f'goal (>= {GOAL_RATIO})'] = ('' if ratio == '' else
                                               'yes' if ratio >= GOAL_RATIO else 'no')
-        summary[f'{DIRECT} elements_per_s'] = direct.get((case, rate), '')
+        summary.update({f'{label} elements_per_s': direct.get((label, case, rate), '')
+                        for label in directs})
         out.append(summary)
     return out
 
@@ -604,6 +684,15 @@ NOTES = f"""\
 * Every run streams (`--streaming`) in one process on one SparkSession, warmed up before
   the first timed run; wall time runs from `Pipeline.run()` to the end of the run.
   At a fixed rate throughput cannot pass the rate: compare bundle sizes at `max`.
+* `output_ok`: a micro run's sink must get every element exactly as often as its windows
+  imply (count, and the sum of the indices); a NEXMark run's output must equal the same
+  query's over the same events in batch on the DirectRunner (BundleBasedDirectRunner for
+  Q4/Q6/Q9), as the NEXMark launcher judges it (`yes (arrival order)`: Q3's `AfterCount`
+  panes depend on arrival order, both outputs are duplicate-free parts of the full
+  join; `yes (bids closed before their auction)`: Q4/Q6/Q9 equal the batch output
+  without the bids Beam's streaming merging windows cannot join). An empty output is
+  failed. Only runs with `yes` have a throughput; the others
+  show `failed` in the summary and count in no ratio or goal.
 * Micro cases: `benchmarks.sweep.StampedSource`, an unbounded splittable DoFn, emits the
   elements in parallel parts, each timestamped with its creation wall time; `rate` is
   events/s over all parts (`max`: as fast as possible). At a rate, an element's creation
@@ -621,15 +710,26 @@ NOTES = f"""\
   their window ends, so short runs of the GroupByKey case may have no latency at all.
   `p99_over_bundle_time_plus_epoch` = after-window-end p99 / (bundle time + epoch
   length), epoch length = wall time / epochs of the streaming driver.
-* NEXMark: Beam's queries over `ReadUnboundedNexmarkEvents` through the launcher's
-  `run_query`; throughput only (its events carry generator event times, not their
-  creation wall times, so there is no honest per-event latency), output counts in `note`.
-* DirectRunner (reference, no bundle options): Beam's FnApiRunner reads the unbounded
-  source to the end (polling a paced one), then runs the rest stage by stage: a ParDo
-  chain fused with the source sees each element at once, a GroupByKey only after the
-  whole stream.
+* NEXMark: Beam's queries over `ReadUnboundedNexmarkEvents` through the NEXMark
+  `runs.run_query`, output counts in `note`. As fast as possible, throughput only (its
+  events carry generator event times, not their creation wall times); at a fixed rate
+  the events get wall-clock event times at the pacing rate, so each output's sink time
+  minus its timestamp is its latency.
+* DirectRunner (reference, no bundle options), in two configurations: `{DIRECT}` (its
+  default, one worker) and `{DIRECT_2}` (`--direct_num_workers=2
+  --direct_running_mode=multi_processing`: two SDK worker processes over gRPC, as many as
+  the cores of `local[2]`; each run starts its own, so its wall time includes their
+  start-up), both on Beam's FnApiRunner, which reads the unbounded source to the end
+  (polling a paced one), then runs the rest stage by stage: a ParDo chain fused with the
+  source sees each element at once, a GroupByKey only after the whole stream.
+  `{DIRECT_2}` loses what a splittable DoFn defers when it checkpoints (observed here: a
+  paced source delivered one call's elements per part, 4 of 2,000; unpaced, the first
+  10,000 of each part; apache/beam#19842 is the open issue on SDFs in the FnApiRunner's
+  multi-worker mode), so wherever the source checkpoints (at any rate; as fast as
+  possible, past 10,000 elements a part) its output fails and it has no throughput.
 * A StreamsSparkRunner micro run still going after `--timeout_s` is cancelled: status
-  `timeout`, throughput = elements emitted so far / wall time.
+  `timeout`; its `output_ok` counts what reached the sink by then (so it has a
+  throughput only if everything had).
 """
 
 
@@ -637,7 +737,7 @@ def write_report(rows: Sequence[dict], out: str, command: str = '') -> None:
     """`sweep.csv`, `sweep_summary.csv`, `sweep.md` and the three plots into `out`."""
     os.makedirs(out, exist_ok=True)
     summary = summary_rows(rows)
-    env = launcher.environment()
+    env = report.environment()
     text = [f'* {k}: {v}' for k, v in env.items()]
     if command:
         text += ['', 'Command:', '', '```', command, '```']
@@ -698,14 +798,17 @@ def _legend_below(fig, axes) -> None:
 
 
 def write_plots(rows: Sequence[dict], out: str) -> None:
-    """`sweep_throughput.png`, `sweep_latency.png`, `sweep_latency_vs_epoch.png`."""
+    """`sweep_throughput.png`, `sweep_latency.png`, `sweep_latency_vs_epoch.png`; runs
+    whose output failed are left out of all three."""
     plt = micro.pyplot()
     cases = list(dict.fromkeys(r['case'] for r in rows))
     colors = {c: f'C{i % 10}' for i, c in enumerate(cases)}
     panels = _panels(rows)
+    rows = [r for r in rows if sink_check.is_ok(r['output_ok'])]
+    direct_styles = dict(zip(micro.DIRECT_RUNNERS, ('--', ':'), strict=True))
 
     def series(panel, case, column):
-        points = sorted((r['bundle_size'], r[column], r['status']) for r in rows
+        points = sorted((r['bundle_size'], r[column]) for r in rows
                         if r['runner'] == SPARK and r['case'] == case and r[column] != ''
                         and (r['rate'], r['bundle_time_ms'], r['target_latency_ms']) == panel)
         return points
@@ -715,21 +818,18 @@ def write_plots(rows: Sequence[dict], out: str) -> None:
         return f'rate {rate}, bundle time {time_ms} ms, target {target} ms'
 
     # Throughput.
-    fig, axes = _grid(plt, len(panels), f'Throughput (dashed: {DIRECT}; x: timed out)')
+    fig, axes = _grid(plt, len(panels), f'Throughput (dashed: {DIRECT}; dotted: {DIRECT_2})')
     for ax, panel in zip(axes, panels, strict=False):
         for case in cases:
             points = series(panel, case, 'elements_per_s')
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker='o',
                         color=colors[case], label=case)
-                timed_out = [p for p in points if p[2].startswith('timeout')]
-                ax.plot([p[0] for p in timed_out], [p[1] for p in timed_out], 'x',
-                        color='k', markersize=9)
             for r in rows:
-                if (r['runner'] == DIRECT and r['case'] == case and r['rate'] == panel[0]
-                        and r['elements_per_s'] != ''):
-                    ax.axhline(r['elements_per_s'], color=colors[case], linestyle='--',
-                               linewidth=0.8)
+                if (r['runner'] in direct_styles and r['case'] == case
+                        and r['rate'] == panel[0] and r['elements_per_s'] != ''):
+                    ax.axhline(r['elements_per_s'], color=colors[case],
+                               linestyle=direct_styles[r['runner']], linewidth=0.8)
         _log_axes(ax, 'elements/s', panel_title(panel))
     _legend_below(fig, axes)
     fig.savefig(os.path.join(out, 'sweep_throughput.png'), dpi=110, bbox_inches='tight')

@@ -7,8 +7,8 @@ generated events. The events are generated inside Spark tasks, by position range
 (`sc.parallelize(ranges, n).flatMap(lambda r: events(config, *r))`), never on the driver.
 
 Each program returns its output as the launcher's canonical lines
-(`launcher.output_line(element, window, timestamp)`), the lines the launcher writes for
-Beam's output of the same query, so `launcher.compare_outputs` checks them against any
+(`capture.output_line(element, window, timestamp)`), the lines the launcher writes for
+Beam's output of the same query, so `verdicts.compare_outputs` checks them against any
 Beam runner's output. Windows and output timestamps are the ones Beam's DirectRunner
 (FnApiRunner) gives, including its millisecond timestamps: the FnApiRunner encodes
 elements between stages with the WindowedValue coder, which carries timestamps in ms,
@@ -61,9 +61,9 @@ from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Auction,
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
+from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.generator import TimestampedEvent, events
-from benchmarks.nexmark.launcher import output_line
 
 BASELINE_QUERIES = (0, 1, 2, 3, 5, 7)
 NATIVE_RUNNER = 'SparkNative'

@@ -16,18 +16,18 @@ import pytest
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from benchmarks.nexmark import flink_baselines, launcher
+from benchmarks.nexmark import flink_baselines, native, verdicts
+from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.generator import events
-from benchmarks.nexmark.launcher import (
+from benchmarks.nexmark.native import (
     NATIVE_FLINK,
-    compare_outputs,
     flink_python,
     flink_record_line,
-    output_line,
     run_native_flink,
-    run_query,
 )
+from benchmarks.nexmark.runs import run_query
+from benchmarks.nexmark.verdicts import compare_outputs
 
 HAVE_FLINK_VENV = os.path.exists(flink_python())
 needs_flink = pytest.mark.skipif(
@@ -64,7 +64,7 @@ def test_missing_venv_is_a_failed_row_saying_how_to_create_it(tmp_path, monkeypa
     result = run_native_flink(0, ['--num_events=10'], str(tmp_path), 10, 60.0)
     assert not result.ok and result.runner == NATIVE_FLINK
     assert 'setup_flink_venv.sh' in result.error
-    verdict, _ = launcher.equality_verdict(0, result, None, NexmarkConfig(num_events=10))
+    verdict, _ = verdicts.equality_verdict(0, result, None, NexmarkConfig(num_events=10))
     assert verdict.startswith('failed: PyFlink virtualenv missing')
 
 
@@ -75,8 +75,8 @@ def test_generator_in_the_flink_venv_gives_the_same_events():
               'from benchmarks.nexmark.generator import events; '
               'from benchmarks.nexmark.flink_baselines import plain_event; '
               'print(json.dumps([plain_event(e) for e in events(NexmarkConfig(num_events=300))]))')
-    env = dict(os.environ, PYTHONPATH=launcher.REPO_ROOT)
-    out = subprocess.run([flink_python(), '-c', script], env=env, cwd=launcher.REPO_ROOT,
+    env = dict(os.environ, PYTHONPATH=native.REPO_ROOT)
+    out = subprocess.run([flink_python(), '-c', script], env=env, cwd=native.REPO_ROOT,
                          capture_output=True, text=True, timeout=300, check=True).stdout
     theirs = json.loads(out.strip().splitlines()[-1])
     ours = [list(flink_baselines.plain_event(e)) for e in events(NexmarkConfig(num_events=300))]

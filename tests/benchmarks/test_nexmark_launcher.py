@@ -2,7 +2,8 @@
 
 The end-to-end tests run every query Q0-Q12 in this process (not in subprocesses as the
 launcher does) on StreamsSparkRunner, sharing the test session's SparkSession, and on the
-reference runner (DirectRunner; BundleBasedDirectRunner for Q4/Q6/Q9), at 1,000 events.
+reference runner (DirectRunner; BundleBasedDirectRunner for Q4/Q6/Q9), each at the
+smallest size at which it has output (1,000 events for most).
 """
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Bid
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner import StreamsSparkRunner
-from benchmarks.nexmark import launcher
+from benchmarks.nexmark import launcher, report, runs, verdicts
+from benchmarks.nexmark.capture import canonical
 from benchmarks.nexmark.config import NexmarkConfig
-from benchmarks.nexmark.launcher import (
+from benchmarks.nexmark.launcher import parse_queries, reference_for
+from benchmarks.nexmark.verdicts import (
     RunResult,
-    canonical,
     compare_outputs,
     deterministic_lines,
     equality_verdict,
-    parse_queries,
-    reference_for,
 )
 
-E2E_EVENTS = 1000
+# Events of the end-to-end runs, per query (default 1,000): see `e2e_config`.
+E2E_EVENTS = {2: 10_000, 3: 20_000}
 
 
 # ---------------------------------------------------------------- unit level
@@ -130,29 +131,30 @@ def test_q12_is_compared_on_total_count_per_bidder():
 
 def test_q12_oracle_counts_bids_per_bidder():
     config = NexmarkConfig(num_events=200)
-    lines = launcher.oracle_lines(12, config)
+    lines = verdicts.oracle_lines(12, config)
     assert sum(int(line.rsplit('=', 1)[1]) for line in lines) == sum(
         1 for n in range(200) if n % 50 >= 4)  # 46 of every 50 events are bids
 
 
 def test_report_files(tmp_path):
-    rows = [launcher.make_row(RunResult(q, runner, 100, ok=q != 6, output_count=3,
-                                        wall_s=2.0, error='TypeError: x'),
-                              'yes' if q != 6 else 'failed: TypeError: x')
+    rows = [report.make_row(RunResult(q, runner, 100, ok=q != 6, output_count=3,
+                                      wall_s=2.0, error='TypeError: x'),
+                            'yes' if q != 6 else 'failed: TypeError: x')
             for q in (0, 6) for runner in ('StreamsSparkRunner', 'DirectRunner')]
-    launcher.write_report(str(tmp_path), rows, 'python -m benchmarks.nexmark --query=0,6')
+    report.write_report(str(tmp_path), rows, 'python -m benchmarks.nexmark --query=0,6')
     with open(tmp_path / 'results.csv', encoding='utf-8') as f:
         table = list(csv.DictReader(f))
     assert [r['query'] for r in table] == ['0', '0', '6', '6']
     assert table[0]['events_per_s'] == '50.0'
-    report = (tmp_path / 'report.md').read_text(encoding='utf-8')
-    assert 'PySpark' in report and '| Q6 | StreamsSparkRunner |' in report
+    text = (tmp_path / 'report.md').read_text(encoding='utf-8')
+    assert 'PySpark' in text and '| Q6 | StreamsSparkRunner |' in text
     assert (tmp_path / 'nexmark.png').stat().st_size > 1000
-    assert 'Q6' in launcher.format_table(rows)
+    assert 'Q6' in report.format_table(rows)
 
 
-def test_command_line_runs_each_query_in_a_subprocess(tmp_path):
+def test_command_line_runs_each_query_in_a_subprocess(tmp_path, monkeypatch):
     out = tmp_path / 'out'
+    monkeypatch.setenv('NEXMARK_REFERENCE_CACHE', str(tmp_path / 'cache'))
     code = launcher.main(['--runner=DirectRunner', '--query=1', '--events=200',
                           '--compare', 'BundleBasedDirectRunner', '--out', str(out)])
     assert code == 0
@@ -167,19 +169,22 @@ def test_command_line_runs_each_query_in_a_subprocess(tmp_path):
 # ---------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope='module')
-def e2e_config() -> NexmarkConfig:
-    return NexmarkConfig(num_events=E2E_EVENTS)
+def e2e_config(query: int) -> NexmarkConfig:
+    """The smallest NEXMark size at which `query` has output on every runner: no auction
+    id of the first 1,000 events is a multiple of Q2's auction_skip (123), and no seller
+    of the first 10,000 has Q3's 30 grouped elements with a person of OR/ID/CA."""
+    return NexmarkConfig(num_events=E2E_EVENTS.get(query, 1000))
 
 
 @pytest.mark.parametrize('query', list(range(13)))
 def test_query_on_streams_spark_runner_equals_reference(
-        query, e2e_config, spark_session, spark_args, tmp_path):
-    tested = launcher.run_query(query, StreamsSparkRunner(), e2e_config, spark_args,
-                                str(tmp_path / 'spark'))
-    reference = launcher.run_query(query, reference_for(query, 'DirectRunner'), e2e_config,
-                                   (), str(tmp_path / 'reference'))
-    verdict, note = equality_verdict(query, tested, reference, e2e_config)
+        query, spark_session, spark_args, tmp_path):
+    config = e2e_config(query)
+    tested = runs.run_query(query, StreamsSparkRunner(), config, spark_args,
+                            str(tmp_path / 'spark'))
+    reference = runs.run_query(query, reference_for(query, 'DirectRunner'), config,
+                               (), str(tmp_path / 'reference'))
+    verdict, note = equality_verdict(query, tested, reference, config)
     if query == 6:
         # Beam's query6 negates a Timestamp: it fails on every runner, and says so.
         assert not tested.ok and not reference.ok
@@ -187,6 +192,7 @@ def test_query_on_streams_spark_runner_equals_reference(
         assert verdict.startswith('failed: ') and 'unary -' in verdict
         return
     assert tested.ok, tested.error
+    assert tested.output_count > 0
     if query == 12:
         # The DirectRunner fails on processing-time triggers in batch; the total count
         # per bidder is compared with the generator oracle instead.
@@ -200,18 +206,25 @@ def test_query_on_streams_spark_runner_equals_reference(
         # end - 1 us where encoding runners (DirectRunner, StreamsSparkRunner) have
         # end - 1 ms; elements and windows must be equal (see the launcher's MS_NOTE).
         assert verdict in ('yes', 'no (equal to the ms)'), note
-        assert tested.output_count == reference.output_count > 0
+        assert tested.output_count == reference.output_count
         return
     assert verdict == 'yes', note
-    if query not in (2, 3, 10):  # empty at 1,000 events on every runner
-        assert tested.output_count > 0
 
 
-def test_q2_non_empty_at_10000_events_equals_direct_runner(spark_session, spark_args, tmp_path):
-    # At 1,000 events no auction id is a multiple of auction_skip (123): Q2 is empty there.
-    config = NexmarkConfig(num_events=10_000)
-    tested = launcher.run_query(2, StreamsSparkRunner(), config, spark_args,
-                                str(tmp_path / 'spark'))
-    reference = launcher.run_query(2, 'DirectRunner', config, (), str(tmp_path / 'direct'))
-    assert reference.output_count > 0
-    assert equality_verdict(2, tested, reference, config)[0] == 'yes'
+def test_empty_outputs_are_never_equal():
+    config = NexmarkConfig(num_events=10)
+    verdict, note = equality_verdict(2, _result([]), _result([]), config)
+    assert verdict == 'empty' and 'nothing was compared' in note
+    line = '{\'a\': 1}\tGlobalWindow\tTimestamp(1.000000)'
+    assert equality_verdict(2, _result([]), _result([line]), config)[0] == 'no'
+    assert equality_verdict(2, _result([line]), _result([]), config)[0] == 'no'
+
+
+def test_q10_is_captured_by_the_log_files_it_writes(tmp_path):
+    config = NexmarkConfig(num_events=200)
+    result = runs.run_query(10, 'DirectRunner', config, (), str(tmp_path))
+    assert result.ok, result.error
+    # One line per logged event, in its 10 s window, fired on time.
+    assert result.output_count == 200
+    assert all(line.endswith('\tLOG pane ON_TIME') for line in result.lines)
+    assert sum(line.startswith('Bid(') for line in result.lines) == 184

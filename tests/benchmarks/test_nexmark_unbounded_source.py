@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -248,47 +249,72 @@ def test_wall_clock_event_times_make_each_event_due_at_its_event_time():
     assert following.timestamp.micros > (now[0] - 0.1) * 1e6
 
 
-def test_launcher_streaming_end_to_end(tmp_path):
-    env = dict(os.environ)
+def test_launcher_streaming_end_to_end_is_compared_with_a_cached_batch_run(tmp_path):
+    env = dict(os.environ, NEXMARK_REFERENCE_CACHE=str(tmp_path / 'cache'))
     env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
-    proc = subprocess.run(
-        [sys.executable, '-m', 'benchmarks.nexmark', '--streaming', '--runner=DirectRunner',
-         '--query=0,1', '--events=1000', f'--out={tmp_path}'],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert '1000 outputs' in proc.stdout  # Q0: every event
-    assert '920 outputs' in proc.stdout  # Q1: the bids (46 of every 50 events)
-    report = (tmp_path / 'report.md').read_text()
+
+    def launch(out: str) -> list[dict[str, str]]:
+        proc = subprocess.run(
+            [sys.executable, '-m', 'benchmarks.nexmark', '--streaming',
+             '--runner=DirectRunner', '--query=0,1', '--events=1000', f'--out={out}'],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+            check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert '1000 outputs' in proc.stdout  # Q0: every event
+        assert '920 outputs' in proc.stdout  # Q1: the bids (46 of every 50 events)
+        with open(os.path.join(out, 'results.csv'), encoding='utf-8') as f:
+            return list(csv.DictReader(f))
+    rows = launch(str(tmp_path / 'first'))
+    # Every streaming row has a verdict against a batch run of the same events.
+    assert [(r['runner'], r['equal_to_reference'], r['note']) for r in rows] == [
+        ('DirectRunner', 'yes', ''), ('DirectRunner (batch)', 'reference', ''),
+        ('DirectRunner', 'yes', ''), ('DirectRunner (batch)', 'reference', '')]
+    report = (tmp_path / 'first' / 'report.md').read_text()
     assert 'mode: streaming, as fast as possible' in report
-    assert (tmp_path / 'results.csv').exists()
+    # The second time the batch runs come from the cache.
+    rows = launch(str(tmp_path / 'second'))
+    assert [r['note'] for r in rows] == ['', 'cached run', '', 'cached run']
+    assert [r['equal_to_reference'] for r in rows] == ['yes', 'reference'] * 2
 
 
-def test_streaming_q3_differences_are_checked_against_the_full_join():
-    from benchmarks.nexmark.launcher import RunResult, equality_verdict, q3_full_join_lines
-    config = NexmarkConfig(num_events=30_000)
-    full = q3_full_join_lines(config)
-    assert len(full) > 60
+def test_streaming_q3_may_lack_only_each_sellers_unfired_last_pane():
+    from benchmarks.nexmark.verdicts import RunResult, equality_verdict, q3_full_join
+    config = NexmarkConfig(num_events=50_000)
+    join = q3_full_join(config)
+    by_seller: dict[int, list[str]] = {}
+    for line, seller in sorted(join.items()):
+        by_seller.setdefault(seller, []).append(line)
+    big = [lines for lines in by_seller.values() if len(lines) >= 40][:2]
+    assert len(big) >= 2, 'the config must have two sellers with 40+ auctions'
+    batch = [line for lines in big for line in lines]
 
     def run(lines):
         return RunResult(3, 'X', config.num_events, ok=True, lines=sorted(lines),
                          output_count=len(lines))
-    # Different parts of the full join: an arrival-order difference, in streaming only.
-    verdict, note = equality_verdict(3, run(full[:40]), run(full[20:]), config, True)
-    assert verdict == 'no (arrival order)' and 'AfterCount(30)' in note
-    assert equality_verdict(3, run(full[:40]), run(full[20:]), config)[0] == 'no'
-    # A duplicate or a pair outside the join is a plain difference.
-    assert equality_verdict(3, run(full[:40] + full[:1]), run(full[20:]), config,
+    # One seller lacks its last 29 auctions, another all of them: unfired last panes.
+    streamed = big[0][:-29]
+    verdict, note = equality_verdict(3, run(streamed), run(batch), config, True)
+    assert verdict == 'no (unfired last panes)', note
+    assert '1 sellers lack their last 1-29 auctions (29 pairs)' in note
+    assert f'1 sellers lack all ({len(big[1])} pairs' in note
+    # Not in batch mode, and not when a seller lacks 30 but keeps some.
+    assert equality_verdict(3, run(streamed), run(batch), config)[0] == 'no'
+    assert equality_verdict(3, run(big[0][:-30] + big[1]), run(batch), config,
                             True)[0] == 'no'
-    assert equality_verdict(3, run([*full[:40], 'x\ty\tz']), run(full), config,
+    # A duplicate, or a pair outside the batch output, is a plain difference.
+    assert equality_verdict(3, run(streamed + streamed[:1]), run(batch), config,
                             True)[0] == 'no'
-    assert equality_verdict(3, run(full), run(full), config, True)[0] == 'yes'
+    outside = next(line for line in join if line not in set(batch))
+    assert equality_verdict(3, run([*streamed, outside]), run(batch), config,
+                            True)[0] == 'no'
+    assert equality_verdict(3, run(batch), run(batch), config, True)[0] == 'yes'
 
 
 def test_a_runner_that_cannot_stream_is_a_failed_result_with_its_reason():
     from apache_beam.runners.runner import PipelineRunner
 
     from beam_streams_runner.errors import UnsupportedFeatureError
-    from benchmarks.nexmark.launcher import run_query
+    from benchmarks.nexmark.runs import run_query
 
     class NoStreaming(PipelineRunner):
         def run_pipeline(self, pipeline, options):

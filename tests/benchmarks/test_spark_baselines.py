@@ -14,12 +14,13 @@ import itertools
 import pytest
 
 from benchmarks.nexmark.config import NexmarkConfig
-from benchmarks.nexmark.launcher import compare_outputs, run_query
+from benchmarks.nexmark.runs import run_query
 from benchmarks.nexmark.spark_baselines import (
     BASELINE_QUERIES,
     position_ranges,
     run_baseline,
 )
+from benchmarks.nexmark.verdicts import compare_outputs
 
 EVENTS = {0: 1000, 1: 2000, 2: 10000, 3: 30000, 5: 2000, 7: 2000}
 
