@@ -70,29 +70,34 @@ def mark_source_bundles(
 ) -> Iterable[translations.Stage]:
     """Fusion phase: a `SourceBundleBoundary` after each splittable DoFn's process step.
 
-    Runs after fusion: the steps of the stage that read the source's main output
-    (data outputs to other stages included) read the boundary's output instead."""
+    Runs after fusion. The process step now writes its main output to a new,
+    stage-local PCollection that only the boundary reads; the boundary writes
+    the original PCollection, so every step that read the source's output
+    (in the stage, data outputs to other stages, side inputs of later stages)
+    reads the boundary's output unchanged."""
     pcollections = context.components.pcollections
     for stage in stages:
         boundaries = []
         for transform in stage.transforms:
             if transform.spec.urn != _PROCESS_SIZED_ELEMENTS or not transform.outputs:
                 continue
-            read = transform.outputs.get('None') or next(iter(transform.outputs.values()))
-            bundled = translations.unique_name(pcollections, read + '/SourceBundles')
-            pcollections[bundled].CopyFrom(pcollections[read])
-            pcollections[bundled].unique_name = bundled
-            for consumer in stage.transforms:
-                for tag in [t for t, pcollection in consumer.inputs.items() if pcollection == read]:
-                    consumer.inputs[tag] = bundled
+            tag = 'None' if 'None' in transform.outputs else next(iter(transform.outputs))
+            read = transform.outputs[tag]
+            # Renaming the producer's side, not the consumers', keeps a data output's
+            # PCollection the one its buffer id names: Beam's side-input layout
+            # (`commit_side_inputs_to_state`) finds the coder by that name.
+            unbundled = translations.unique_name(pcollections, read + '/Unbundled')
+            pcollections[unbundled].CopyFrom(pcollections[read])
+            pcollections[unbundled].unique_name = unbundled
+            transform.outputs[tag] = unbundled
             boundary_id = translations.unique_name(
                 context.components.transforms, transform.unique_name + '/SourceBundles')
             boundary = context.components.transforms[boundary_id]
             boundary.CopyFrom(beam_runner_api_pb2.PTransform(
                 unique_name=boundary_id,
                 spec=beam_runner_api_pb2.FunctionSpec(urn=SOURCE_BUNDLES_URN),
-                inputs={'in': read},
-                outputs={'out': bundled},
+                inputs={'in': unbundled},
+                outputs={'out': read},
                 environment_id=transform.environment_id))
             boundaries.append(boundary)
         stage.transforms.extend(boundaries)

@@ -4,7 +4,8 @@ ReadFromText over several files and over a file larger than one bundle, a
 custom `BoundedSource` (OffsetRangeTracker-based, splittable) through
 `beam.io.Read`, and a bounded splittable DoFn. Source-level bundling: the steps
 after a source see bundles of `bundle_size` elements, while the source itself is
-checkpointed once per read slice (batch and streaming).
+checkpointed once per read slice (batch and streaming). A splittable DoFn's
+output read as a side input (every view kind; batch and streaming).
 """
 
 from __future__ import annotations
@@ -283,3 +284,66 @@ def test_source_bundles_are_cut_inside_read_slices(spark_session, spark_args, mo
     # not one per source bundle: the read is checkpointed about 3 times, not 300.
     read_bundles = found['counters'][0].committed
     assert 3 <= read_bundles <= 5, read_bundles
+
+
+class _CharsByPosition(beam.DoFn):
+    """A bounded splittable DoFn of key-value pairs: ('word:position', character)."""
+
+    def process(self, element,
+                tracker=beam.DoFn.RestrictionParam(_CharRangeProvider())):
+        position = tracker.current_restriction().start
+        while tracker.try_claim(position):
+            yield f'{element}:{position}', element[position]
+            position += 1
+
+
+def _with_views(main, ranges, chars, one, many):
+    """`main` read with a view of each source's output, straight from the source."""
+    return main | 'With views' >> beam.Map(
+        lambda x, it, lst, d, single, big: (
+            x, sorted(it), sorted(lst), sorted(d.items()), single, len(big), sum(big)),
+        it=beam.pvalue.AsIter(ranges),
+        lst=beam.pvalue.AsList(ranges),
+        d=beam.pvalue.AsDict(chars),
+        single=beam.pvalue.AsSingleton(one),
+        big=beam.pvalue.AsList(many))
+
+
+def _sources(p):
+    # `many` is read as several slices with bundle size 10: the read is
+    # checkpointed while its only reader is another stage's side input.
+    words = p | 'Words' >> beam.Create(['abcdef', 'gh'])
+    return (p | 'Sizes' >> beam.Create([3, 2]) | 'Ranges' >> beam.ParDo(_CountedRead()),
+            words | 'Chars' >> beam.ParDo(_CharsByPosition()),
+            p | 'One' >> beam.Create([1]) | 'Zero' >> beam.ParDo(_CountedRead()),
+            p | 'Big' >> beam.Create([2_500]) | 'Many' >> beam.ParDo(_CountedRead()))
+
+
+def test_splittable_dofn_outputs_as_side_inputs(assert_same_as_direct):
+    """Regression: a side input read straight from a splittable DoFn failed with
+    KeyError 'ref_PCollection_...' (no coder known for the side input's PCollection)."""
+    def build(p):
+        ranges, chars, one, many = _sources(p)
+        main = p | 'Main' >> beam.Create(['a', 'b'])
+        return {
+            'views': _with_views(main, ranges, chars, one, many),
+            'after_map': main | 'After a Map' >> beam.Map(
+                lambda x, s: (x, sorted(s)),
+                s=beam.pvalue.AsIter(ranges | 'Shift' >> beam.Map(lambda v: v + 100))),
+            # The source's output is read as a main input too.
+            'ranges': ranges,
+        }
+
+    out = assert_same_as_direct(build, args=['--bundle_size=10'])
+    assert out['after_map'] == [repr(('a', [100, 100, 101, 101, 102])),
+                                repr(('b', [100, 100, 101, 101, 102]))]
+
+
+def test_splittable_dofn_outputs_as_side_inputs_streaming(same_as_direct_streaming):
+    def build(p):
+        ranges, chars, one, many = _sources(p)
+        main = p | 'Main' >> beam.Create(['a', 'b'])
+        return (_with_views(main, ranges, chars, one, many), ranges) | beam.Flatten()
+
+    out = same_as_direct_streaming(build, args=['--bundle_size=10'])
+    assert len(out) == 2 + 5
