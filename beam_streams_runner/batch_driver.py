@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -51,25 +52,33 @@ class BatchDriver:
         self._stage_rdds: dict[str, RDD] = {}
         self._side_chunks: dict[bytes, list[bytes]] = {}
         self._uses = count_uses(plan)
+        self._cancelled = threading.Event()
 
     @property
     def job_group(self) -> str:
         return self.run_id
 
     def cancel(self) -> None:
-        self.sc.cancelJobGroup(self.run_id)
+        # Cancelling stops the running jobs only: the flag stops the next. By job tag,
+        # not group: Spark warns about a group without active jobs, and PySpark's Ctrl-C
+        # handler may have cancelled them all already.
+        self._cancelled.set()
+        self.sc.cancelJobsWithTag(self.run_id)
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
         sc.setJobGroup(self.run_id, 'Beam pipeline (StreamsSparkRunner)', interruptOnCancel=True)
+        sc.addJobTag(self.run_id)  # what `cancel` cancels
         self._plan_bc = sc.broadcast(self._worker_plan)
         try:
             for stage in self.plan.stages:
+                if self._cancelled.is_set():
+                    return
                 self._stage_rdds[stage.name] = self._build(stage)
             leaves = [self._stage_rdds[s.name] for s in self.plan.stages
                       if self._uses[s.name] == 0 and self._stage_rdds[s.name] is not None]
-            if leaves:
+            if leaves and not self._cancelled.is_set():
                 final = leaves[0] if len(leaves) == 1 else sc.union(leaves)
                 sc.setJobDescription('Beam pipeline: ' + ', '.join(
                     s.display_name for s in self.plan.stages if self._uses[s.name] == 0)[:900])

@@ -34,8 +34,9 @@ from pyspark import AccumulatorParam
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.partition_cache import PartitionOperatorCache
+from beam_streams_runner.progress import CountedOutput
 from beam_streams_runner.records import Punctuation, Record
-from beam_streams_runner.tasks import WorkerPlan
+from beam_streams_runner.tasks import WorkerPlan, shuffle_failures_named
 from beam_streams_runner.translators.group_by_key import (
     KeyPartitioner,
     StreamingGroupByKeyOperator,
@@ -74,6 +75,12 @@ class PartitionReport(NamedTuple):
     next_processing_time: int | None
     sizes: dict[tuple[str, str], int]  # (Beam step, gauge name) -> live count here
     read_s: float = 0.0  # seconds a source stage's task spent reading (its input and on)
+    # Streaming progress (see `progress`): the watermark of what the partition reads
+    # (what its channels sent; for a source, what its restrictions allow), the
+    # elements of the counted PCollections, the bytes its state commits wrote.
+    input_watermark: int = MAX_WATERMARK
+    elements: dict[str, int] = {}  # noqa: RUF012 - never mutated (tasks pass their own)
+    state_bytes: int = 0
 
 
 class ReportsAccumulator(AccumulatorParam):
@@ -97,8 +104,10 @@ class SideInputsView(NamedTuple):
 def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_acc, reports_acc,
                     grouping_input: str | None, index: int,
                     records: Iterable[tuple[str, object]],
-                    side_view: SideInputsView | None = None) -> Iterator[Record]:
-    """Runs partition `index` of an SDK stage for one epoch."""
+                    side_view: SideInputsView | None = None,
+                    counted: tuple[CountedOutput, ...] = ()) -> Iterator[Record]:
+    """Runs partition `index` of an SDK stage for one epoch; counts the elements of
+    the `counted` outputs for the epoch's progress record."""
     plan: WorkerPlan = plan_bc.value
     epoch: EpochInfo = epoch_bc.value
     started = time.monotonic()
@@ -128,6 +137,7 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
         operator.residuals = []  # the driver took the last epoch's residuals already
     else:
         operator = new_stage_operator()
+    operator.counted, operator.element_counts = counted, {}
     gate = None
     if side_view is not None:
         gate = _load(epoch, f'stage-{stage.index}/gate-{index}',
@@ -162,6 +172,10 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
             # that heard no channel reads only residuals the driver fed back; their
             # own watermarks hold its output (below).
             input_watermark = min(heard.values()) if heard else MAX_WATERMARK
+            reading = input_watermark
+            if operator.reads_source:
+                reading = min(reading, operator.residual_hold(),
+                              epoch.holds.get(stage_name, MAX_WATERMARK))
             if grouping is not None:
                 grouping.clock.micros = max(grouping.clock.micros, epoch.processing_time)
                 grouped = _grouping_step(
@@ -172,6 +186,13 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
                 input_watermark = grouping.output_watermark()
             yield from operator.on_watermark('input', input_watermark)
             yield from operator.on_processing_time(epoch.processing_time)
+            # Nothing the task holds may outlive its epoch (see `partial_combine`).
+            yield from operator.finish_task()
+        except StageExecutionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a DoFn's setup(), run as the harness
+            # builds the stage's processor, outside the bundle that names failures
+            raise StageExecutionError.from_exception(exc, stage.display_name) from None
         finally:
             totals = operator.metrics.take()
             if totals is not None:
@@ -184,20 +205,23 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
     timers = [t for t in (operator.next_processing_time(),
                           grouping.next_processing_time() if grouping is not None else None)
               if t is not None]
+    state_bytes = 0
+    if grouping is not None:
+        state_bytes += PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/group-{index}', epoch.number, grouping)
+    if stage.stateful:
+        state_bytes += PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/partition-{index}', epoch.number, operator)
+    if gate is not None:
+        state_bytes += PartitionOperatorCache.commit(
+            epoch.state_dir, f'stage-{stage.index}/gate-{index}', epoch.number, gate)
+    # Reported after the commits (a task's accumulator updates reach the driver only
+    # when it succeeds either way), so the report carries what they wrote.
     reports_acc.add({(epoch.number, stage_name, index): PartitionReport(
         output_watermark, operator.residuals, min(timers) if timers else None,
         _sizes(stage, operator, grouping,
                spec.step_name if grouping is not None else None, gate),
-        read_s)})
-    if grouping is not None:
-        PartitionOperatorCache.commit(
-            epoch.state_dir, f'stage-{stage.index}/group-{index}', epoch.number, grouping)
-    if stage.stateful:
-        PartitionOperatorCache.commit(
-            epoch.state_dir, f'stage-{stage.index}/partition-{index}', epoch.number, operator)
-    if gate is not None:
-        PartitionOperatorCache.commit(
-            epoch.state_dir, f'stage-{stage.index}/gate-{index}', epoch.number, gate)
+        read_s, reading, operator.element_counts, state_bytes)})
 
 
 def read_on(operator: FusedStageOperator, deadline: float,
@@ -290,7 +314,8 @@ def keyed_shuffle(plan_bc, coder_id: str, key_coder_id: str, tag: str,
     runtime = plan.runtime()
     partitioner = KeyPartitioner(runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
                                  plan.num_partitions, plan.bundle_size)
-    return _routed(records, plan.num_partitions, tag, partitioner.partition)
+    return shuffle_failures_named(
+        _routed(records, plan.num_partitions, tag, partitioner.partition), plan, tag)
 
 
 def round_robin_shuffle(plan_bc, input_coder_id: str, output_coder_id: str, tag: str,

@@ -6,18 +6,45 @@ harness's "[while running 'step']" annotation) and carries the user's
 traceback. Spark hands the driver a Java exception whose text contains that
 message; `pipeline_error_from_spark` cuts it out again so that the launching
 program sees the step and the user's traceback, not a Java stack trace.
+
+Python workers that cannot start, or cannot import Beam or the runner (a
+worker interpreter without them, on any master), become one short
+`WorkerPythonError` naming the interpreter, what it could not import and how
+to point Spark at another; the Spark failure behind a converted error goes to
+the DEBUG log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import traceback
 from collections.abc import Iterator
 
+from beam_streams_runner.failure_hints import failure_hint
+
 _STEP_PATTERN = re.compile(r"while running '([^']*)'")
+_ANNOTATION = re.compile(r" \[while running '[^']*'\]")
 _MARKER = 'StageExecutionError: '
 _END_OF_PYTHON_TRACE = re.compile(r'\n\s+at org\.apache\.|\n\tat |\nDriver stacktrace:')
+
+_LOGGER = logging.getLogger(__name__)
+
+# How Spark reports Python workers that could not start. The daemon's stderr, when
+# it exits before sending its port, comes back between these two lines.
+_WORKER_STDERR = re.compile(r'Error from python worker:\n(.*?)\nPYTHONPATH was:', re.DOTALL)
+_DAEMON_EOF = re.compile(r"EOFException occurred while reading the port number from (\S+)'s")
+_CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)": error=\d+, ([^\n]*)')
+# `python -m module` that does not find the module prints this one line.
+_MODULE_SPEC = re.compile(
+    r"(\S+): Error while finding module specification for '([^']+)' \((.*)\)")
+# The packages every worker needs: a worker that lacks one cannot run any task.
+_MISSING_MODULE = re.compile(
+    r"(?:ModuleNotFoundError: )?No module named '((?:apache_beam|beam_streams_runner|pyspark)"
+    r"(?:\.[\w.]+)?)'")
+_WORKER_SETTINGS = ('PYSPARK_PYTHON=/path/to/python or '
+                    '--spark_conf spark.pyspark.python=/path/to/python.')
 
 
 class StreamsSparkRunnerError(RuntimeError):
@@ -40,15 +67,39 @@ class StageExecutionError(StreamsSparkRunnerError):
     """Raised inside a Spark task when a Beam step fails."""
 
     @classmethod
-    def from_exception(cls, exc: BaseException, stage_display_name: str) -> StageExecutionError:
+    def from_exception(cls, exc: BaseException, stage_display_name: str,
+                       step: str | None = None) -> StageExecutionError:
+        """`step`: the step that failed when the harness's annotation names another (a
+        CombineFn runs inside the step feeding it); a hint on what to do follows the
+        first line when `failure_hints` knows the failure."""
         text = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        summary = _ANNOTATION.sub('', str(exc)) if step else str(exc)
         steps = _STEP_PATTERN.findall(text)
-        where = f"Beam step '{steps[0]}'" if steps else stage_display_name
-        return cls(f'{where} failed: {type(exc).__name__}: {exc}\n{text}')
+        step = step or (steps[0] if steps else None)
+        where = f"Beam step '{step}'" if step else stage_display_name
+        return cls(f'{where} failed: {type(exc).__name__}: {summary}\n'
+                   f'{failure_hint(exc, step)}{text}')
 
 
 class PipelineExecutionError(StreamsSparkRunnerError):
     """The pipeline failed while running; the message names the Beam step."""
+
+
+class WorkerPythonError(StreamsSparkRunnerError):
+    """Spark's Python workers cannot start, or cannot import Beam or the runner."""
+
+    @classmethod
+    def cannot_import(cls, python: str, module: str, reason: str) -> WorkerPythonError:
+        return cls(f"Spark's Python workers could not start: {python} cannot import {module} "
+                   f'({reason}). Install the runner into that interpreter (pip install '
+                   f'beam-streams-runner) or point the workers at one that has it: '
+                   f'{_WORKER_SETTINGS}')
+
+    @classmethod
+    def cannot_start(cls, python: str, reason: str) -> WorkerPythonError:
+        return cls(f"Spark's Python workers could not start with {python}: {reason}. "
+                   "Point the workers at a Python of the driver's version that has the runner "
+                   f'installed: {_WORKER_SETTINGS}')
 
 
 @contextlib.contextmanager
@@ -60,6 +111,7 @@ def spark_failures_as_pipeline_errors() -> Iterator[None]:
         error = pipeline_error_from_spark(exc)
         if error is exc:
             raise
+        _LOGGER.debug('The Spark failure behind %s:', type(error).__name__, exc_info=exc)
         raise error from None
 
 
@@ -68,9 +120,55 @@ def pipeline_error_from_spark(exc: BaseException) -> BaseException:
     text = str(exc)
     start = text.find(_MARKER)
     if start < 0:
-        return exc
+        return worker_python_error(text) or exc
     message = text[start + len(_MARKER):]
     end = _END_OF_PYTHON_TRACE.search(message)
     if end:
         message = message[:end.start()]
     return PipelineExecutionError(message.rstrip())
+
+
+def worker_python_error(text: str) -> WorkerPythonError | None:
+    """The short error for a Spark failure whose Python workers could not start, else None."""
+    cannot_run = _CANNOT_RUN.search(text)
+    if cannot_run and 'PythonWorkerFactory' in text:
+        return WorkerPythonError.cannot_start(cannot_run.group(1), cannot_run.group(2))
+    python = _configured_worker_python()
+    daemon = _DAEMON_EOF.search(text)
+    module = daemon.group(1) if daemon else 'beam_streams_runner.worker_daemon'
+    stderr = _WORKER_STDERR.search(text)
+    if stderr:
+        # The daemon exited before it sent its port; this is its own error output.
+        lines = [line.strip() for line in stderr.group(1).splitlines() if line.strip()]
+        reason = lines[-1] if lines else 'no error output'
+        spec = _MODULE_SPEC.fullmatch(lines[0]) if lines else None
+        if spec:
+            module, reason = spec.group(2), spec.group(3)
+            if spec.group(1) != python:
+                python = f'{python} ({spec.group(1)})'  # e.g. `python3`, and which one ran
+    elif daemon:
+        return WorkerPythonError.cannot_start(
+            python, f"{module} exited before it started; its error output is in the "
+            "executors' logs")
+    elif 'Python worker' in text or 'PythonException' in text:
+        # A worker that started (e.g. PySpark's own daemon) but cannot load the task.
+        reason = ''
+    else:
+        return None
+    missing = _MISSING_MODULE.search(reason or text)
+    if missing:
+        module, reason = missing.group(1), missing.group(0).removeprefix('ModuleNotFoundError: ')
+    elif not reason:
+        return None
+    return WorkerPythonError.cannot_import(python, module, reason)
+
+
+def _configured_worker_python() -> str:
+    """The interpreter the driver told Spark to start workers with (PySpark's pythonExec)."""
+    from pyspark import SparkContext
+
+    return getattr(SparkContext._active_spark_context, 'pythonExec', None) or 'python3'
+
+
+class InvalidPipelineError(StreamsSparkRunnerError, ValueError):
+    """The pipeline breaks a rule of Beam's model; the message says what to change."""

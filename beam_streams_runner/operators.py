@@ -71,5 +71,11 @@ class Operator(abc.ABC):
         """Called when the input watermark (minimum over channels) advances."""
         return []
 
+    def finish_task(self) -> list[Record]:
+        """The end of this partition's run (the task in batch, the epoch in streaming):
+        returns what the operator held over the run's bundles for the runner's own
+        sake (partial combines), which must not outlive it."""
+        return []
+
     def output_watermark(self) -> int:
         return self.watermarks.current()

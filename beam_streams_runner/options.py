@@ -10,6 +10,7 @@ command line in one go instead of one flag per run.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterable
@@ -46,6 +47,16 @@ class InvalidOptionsError(ValueError):
     """The runner's pipeline options are wrong; the message lists every problem."""
 
 
+def _int_or_text(value: str) -> int | str:
+    """The argparse type of the runner's integer flags. A value that is not an integer
+    stays text, so that validation reports it with every other problem; argparse's own
+    `type=int` would print the usage of every Beam option and exit the program."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
 class StreamsSparkOptions(PipelineOptions):
     """Options of the StreamsSparkRunner (where Spark runs, and how data is bundled)."""
 
@@ -75,7 +86,7 @@ class StreamsSparkOptions(PipelineOptions):
         if '--parallelism' not in parser._option_string_actions:
             parser.add_argument(
                 '--parallelism',
-                type=int,
+                type=_int_or_text,
                 default=None,
                 help=('Number of Spark partitions of each stage (and '
                       'spark.default.parallelism of a session the runner starts). '
@@ -83,7 +94,7 @@ class StreamsSparkOptions(PipelineOptions):
                       'for local[*]).'))
         parser.add_argument(
             '--bundle_size',
-            type=int,
+            type=_int_or_text,
             default=DEFAULT_BUNDLE_SIZE,
             help=('Maximum number of elements in one bundle read from a source. Bundles '
                   'are cut only at the sources; downstream steps keep them whole '
@@ -91,14 +102,14 @@ class StreamsSparkOptions(PipelineOptions):
                   f'{DEFAULT_BUNDLE_SIZE}.'))
         parser.add_argument(
             '--bundle_time_ms',
-            type=int,
+            type=_int_or_text,
             default=DEFAULT_BUNDLE_TIME_MS,
             help=('Maximum time in milliseconds a source spends filling one bundle '
                   '(streaming): a bundle closes after bundle_size elements or '
                   f'bundle_time_ms, whichever comes first. Default: {DEFAULT_BUNDLE_TIME_MS}.'))
         parser.add_argument(
             '--target_latency_ms',
-            type=int,
+            type=_int_or_text,
             default=DEFAULT_TARGET_LATENCY_MS,
             help=('Streaming: the latency goal in milliseconds. Each epoch (one Spark job '
                   'over the whole pipeline) reads its sources bundle after bundle for as '
@@ -163,6 +174,49 @@ def _format(problems: list[str]) -> str:
             f'{"s" if len(problems) > 1 else ""}):\n{lines}')
 
 
+# The runner's flags as written on a command line (--no_keyed_state_gc sets keyed_state_gc).
+_RUNNER_FLAGS = ('spark_master', 'spark_conf', 'parallelism', 'bundle_size', 'bundle_time_ms',
+                 'target_latency_ms', 'no_keyed_state_gc')
+
+
+def _known_flags() -> set[str]:
+    """Every flag some PipelineOptions class defines, as Beam's own parsing sees them."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    # Beam dedupes the classes by name the same way (a class may be defined twice).
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    return set(parser._option_string_actions)
+
+
+def _misspelled_flags(options: PipelineOptions) -> list[str]:
+    """Given flags no options class defines that look like one of the runner's.
+
+    Beam logs and drops unknown flags, so `--spark-master=spark://...` would run on the
+    default local[*]. Only explicit flag lists are checked: options parsed from
+    sys.argv share it with the program's own flags, which may look alike.
+    """
+    flags = getattr(options, '_flags', None)
+    if not flags:
+        return []
+    known: set[str] | None = None
+    problems = []
+    for arg in flags:
+        if not isinstance(arg, str) or not arg.startswith('--'):
+            continue
+        name = arg[2:].split('=', 1)[0]
+        normalized = name.replace('-', '_').lower()
+        close = difflib.get_close_matches(normalized, _RUNNER_FLAGS, n=1, cutoff=0.85)
+        if not close:
+            continue
+        known = _known_flags() if known is None else known
+        if '--' + name not in known:
+            problems.append(f'{arg!r} is not an option of the runner or of Beam (Beam would '
+                            f'ignore it and use the default); did you mean --{close[0]}?')
+    return problems
+
+
 def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOptions:
     """Check the runner's options and return them as a `StreamsSparkOptions` view.
 
@@ -189,6 +243,7 @@ def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOpti
     if isinstance(conf, str):  # set programmatically as one string
         conf = [conf]
     problems.extend(_conf_problems(conf))
+    problems.extend(_misspelled_flags(options))
     if problems:
         raise InvalidOptionsError(_format(problems))
     return opts

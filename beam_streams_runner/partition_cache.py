@@ -88,10 +88,12 @@ class PartitionOperatorCache:
         return operator
 
     @classmethod
-    def commit(cls, state_dir: str, name: str, version: int, operator: VersionedOperator) -> None:
-        """Writes what `operator` changed as `version`, then keeps it live in this process."""
+    def commit(cls, state_dir: str, name: str, version: int, operator: VersionedOperator) -> int:
+        """Writes what `operator` changed as `version`, then keeps it live in this process.
+        Returns the bytes of the keys and values the delta wrote (streaming progress)."""
         cache = cls.cache(state_dir)
         dirty, deleted = operator.state_delta()
         cache.commit(name, version, dirty, deleted)
         if cache.cached_version(name) == version:
             cache.attach(name, version, operator)
+        return sum(len(k) + len(v) for k, v in dirty.items()) + sum(len(k) for k in deleted)

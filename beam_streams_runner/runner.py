@@ -29,9 +29,11 @@ from apache_beam.runners.runner import PipelineRunner
 from apache_beam.transforms import environments
 
 from beam_streams_runner.batch_driver import BatchDriver
+from beam_streams_runner.construction_checks import check_applied
 from beam_streams_runner.errors import UnpicklableUserCodeError
 from beam_streams_runner.options import spark_parallelism, validate_streams_spark_options
 from beam_streams_runner.plan import build_plan, check_deterministic_keys, needs_streaming
+from beam_streams_runner.progress import find_endpoints
 from beam_streams_runner.result import StreamsSparkPipelineResult
 from beam_streams_runner.spark_session import get_or_create_spark
 from beam_streams_runner.streaming_driver import StreamingDriver
@@ -45,6 +47,11 @@ class StreamsSparkRunner(PipelineRunner):
     def __init__(self, is_drain: bool = False) -> None:
         super().__init__()
         self._is_drain = is_drain
+
+    def apply_PTransform(self, transform, input, options):
+        # Before Beam expands it: a cross-language transform would start a Java service.
+        check_applied(transform, input)
+        return super().apply_PTransform(transform, input, options)
 
     def run_pipeline(
         self, pipeline: Pipeline, options: PipelineOptions
@@ -82,13 +89,17 @@ class StreamsSparkRunner(PipelineRunner):
                     num_partitions=spark_parallelism(options),
                     on_progress=_log_progress,
                     target_latency_ms=spark_options.target_latency_ms,
-                    keyed_state_gc=spark_options.keyed_state_gc)
+                    keyed_state_gc=spark_options.keyed_state_gc,
+                    endpoints=find_endpoints(proto))
+                progress = driver.progress.records
             else:
                 driver = BatchDriver(
                     spark.sparkContext, plan,
                     bundle_size=spark_options.bundle_size,
                     num_partitions=spark_parallelism(options),
                     on_progress=_log_progress)
+                # One Spark job: Spark's console progress bar and UI follow it.
+                progress = list
         except BaseException:
             plan.close()
             raise
@@ -97,6 +108,7 @@ class StreamsSparkRunner(PipelineRunner):
             cancel=driver.cancel,
             metric_totals=lambda: driver.metrics.value,
             on_done=plan.close,
+            progress=progress,
         ).start()
 
 

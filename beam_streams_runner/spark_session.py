@@ -5,6 +5,9 @@ a pipeline launched from a notebook or from `spark-submit` runs on that Spark.
 Otherwise a session is started from `StreamsSparkOptions`, after checking that
 a Java PySpark supports is there and, for a `spark://` master, that the master
 answers, so that both mistakes fail fast with a message saying what to do.
+Its Python workers run the interpreter `worker_python` picks: the user's
+choice, else the driver's own on a local master (checked first when it is not
+the driver's).
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from beam_streams_runner.options import (
     StreamsSparkOptions,
     configured_parallelism,
     parse_spark_conf,
+)
+from beam_streams_runner.worker_python import (
+    PYTHON_CONF,
+    check_worker_python,
+    is_local_master,
+    worker_python,
 )
 
 if TYPE_CHECKING:
@@ -98,11 +107,23 @@ def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSes
     if parallelism is not None:
         conf['spark.default.parallelism'] = str(parallelism)
     conf.update(parse_spark_conf(options.spark_conf))
-    check_master_reachable(conf.get('spark.master', master))
+    effective_master = conf.get('spark.master', master)
+    check_master_reachable(effective_master)
+    python = worker_python(effective_master, conf)
+    if python is not None:
+        if is_local_master(effective_master):
+            check_worker_python(*python)
+        conf[PYTHON_CONF] = python[0]
     ensure_java()
 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    _LOGGER.info('Starting a SparkSession on %s', conf.get('spark.master', master))
-    return builder.getOrCreate()
+    _LOGGER.info('Starting a SparkSession on %s', effective_master)
+    spark = builder.getOrCreate()
+    if python is not None:
+        # PySpark gives Spark the workers' interpreter from `pythonExec`, which it
+        # took from PYSPARK_PYTHON alone; setting it here, not in os.environ, leaves
+        # the process's environment (and any later session) as the user made them.
+        spark.sparkContext.pythonExec = python[0]
+    return spark

@@ -27,6 +27,10 @@ branch such as Impulse -> Create -> Reshuffle feeding a source's restrictions
 would otherwise rerun in every epoch); its consumers hear no channel of it,
 which leaves their input watermark to their other inputs.
 
+After every epoch the driver turns its reports into a progress record
+(`progress.EpochProgress`): logged as one line, kept for `result.progress()`,
+and carried by the next epoch's Spark job description.
+
 The pipeline ends when every stage partition reports the output watermark +inf
 and no residual or TestStream event is left; a TestStream plays one event per
 epoch, with processing time starting at 0 and moved only by its events, so a
@@ -71,6 +75,7 @@ from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
+from beam_streams_runner.progress import Endpoints, EpochProgress, summary
 from beam_streams_runner.records import Punctuation
 from beam_streams_runner.translators.flatten import flattened
 from beam_streams_runner.translators.par_do import Residual
@@ -88,7 +93,8 @@ class StreamingDriver:
     def __init__(self, sc: SparkContext, plan: PipelinePlan, bundle_size: int,
                  bundle_time_ms: int, num_partitions: int | None = None,
                  on_progress: Callable[[str], None] | None = None,
-                 target_latency_ms: int = 1000, keyed_state_gc: bool = True) -> None:
+                 target_latency_ms: int = 1000, keyed_state_gc: bool = True,
+                 endpoints: Endpoints | None = None) -> None:
         self.sc = sc
         self.plan = plan
         self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
@@ -102,6 +108,7 @@ class StreamingDriver:
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self.reports = sc.accumulator({}, ReportsAccumulator())
         self._on_progress = on_progress or (lambda message: None)
+        self.progress = EpochProgress(plan.stages, endpoints)
         self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
         self._uses = count_uses(plan)
         # stage -> [(residual, resume at (micros of the driver's clock))]
@@ -122,13 +129,15 @@ class StreamingDriver:
 
     def cancel(self) -> None:
         self._cancelled.set()
-        self.sc.cancelJobGroup(self.run_id)
+        # By job tag, not group: Spark warns about a group without active jobs.
+        self.sc.cancelJobsWithTag(self.run_id)
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
         sc.setJobGroup(self.run_id, 'Beam streaming pipeline (StreamsSparkRunner)',
                        interruptOnCancel=True)
+        sc.addJobTag(self.run_id)  # what `cancel` cancels
         self._plan_bc = sc.broadcast(self._worker_plan)
         state_dir = tempfile.mkdtemp(prefix=f'{self.run_id}-state-')
         test_streaming = bool(self._test_streams)
@@ -184,7 +193,7 @@ class StreamingDriver:
             number=epoch, processing_time=clock, holds=holds, state_dir=state_dir,
             bundle_time_ms=self.bundle_time_ms, read_budget_ms=self.read_budget_ms,
             keyed_state_gc=self.keyed_state_gc))
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         stage_rdds: dict[str, RDD | None] = {}
         collected: dict[bytes, bool] = {}
         try:
@@ -208,7 +217,7 @@ class StreamingDriver:
                 stage_rdds[stage.name] = rdd
             leaves = [stage_rdds[s.name] for s in self.plan.stages
                       if self._uses[s.name] == 0 and stage_rdds[s.name] is not None]
-            sc.setJobDescription(f'Beam streaming epoch {epoch}')
+            sc.setJobDescription(self.progress.job_description(epoch))
             if leaves:
                 (leaves[0] if len(leaves) == 1 else sc.union(leaves)).foreach(discard)
         finally:
@@ -220,17 +229,16 @@ class StreamingDriver:
                    for (number, stage, index), report in self.reports.value.items()
                    if number == epoch}
         self.reports.value = {}
-        self._adapt_read_budget(time.monotonic() - started, reports)
+        wall_s = time.monotonic() - started
+        self._on_progress(summary(self.progress.add(
+            epoch, started_at, wall_s, reports, self.read_budget_ms)))
+        self._adapt_read_budget(wall_s, reports)
         self._set_gauges(reports)
         self._find_finished_stages(reports)
         for (stage_name, _), report in reports.items():
             for residual in report.residuals:
                 resume_at = clock + int(residual.resume_delay_s * 1e6)
                 self._residuals.setdefault(stage_name, []).append((residual, resume_at))
-        if epoch % 50 == 0 or not reports:
-            self._on_progress(f'epoch {epoch}: output watermark '
-                              f'{min((r.output_watermark for r in reports.values()), default=0)}'
-                              f', read budget {self.read_budget_ms} ms')
         return reports
 
     def _adapt_read_budget(self, wall_s: float,
@@ -361,11 +369,12 @@ class StreamingDriver:
                 slices))
         source = inputs[0] if len(inputs) == 1 else sc.union(inputs)
         metrics, warnings, reports, name = self.metrics, self.warnings, self.reports, stage.name
+        counted = self.progress.counted.get(stage.name, ())
 
         def run_partition(index, records):
             return epoch_tasks.run_stage_epoch(
                 plan_bc, epoch_bc, name, metrics, warnings, reports, grouping_input, index,
-                records, side_view)
+                records, side_view, counted)
 
         return source.mapPartitionsWithIndex(run_partition)
 

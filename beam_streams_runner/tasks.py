@@ -74,7 +74,22 @@ def key_partition(plan_bc, coder_id: str, key_coder_id: str, tag: str,
     partitioner = KeyPartitioner(
         runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
         plan.num_partitions, plan.bundle_size)
-    return partitioner.partition(tag, chunks)
+    return shuffle_failures_named(partitioner.partition(tag, chunks), plan, tag)
+
+
+def shuffle_failures_named(routed: Iterator, plan: WorkerPlan, tag: str) -> Iterator:
+    """`routed` (a keyed shuffle's map side), with a failure named after the step whose
+    input `tag` is: the map side decodes every element, so a user coder's `decode`
+    raises here, outside any step the harness would name."""
+    try:
+        yield from routed
+    except StageExecutionError:
+        raise  # the producing stage's, run in the same worker before the shuffle
+    except Exception as exc:  # noqa: BLE001 - rewrapped with the consuming step's name
+        stage = next(s for s in plan.stages.values() if tag in s.inputs)
+        grouping = plan.groupings.get(stage.inputs[tag])
+        where = f"Beam step '{grouping.step_name}'" if grouping else stage.display_name
+        raise StageExecutionError.from_exception(exc, f'{where} (reading its input)') from None
 
 
 def round_robin_partition(plan_bc, input_coder_id: str, output_coder_id: str, tag: str,
@@ -104,6 +119,12 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
             for input_id, chunk in records:
                 yield from operator.process_bundle([(input_id, chunk)])
             yield from operator.on_watermark('input', MAX_WATERMARK)
+            yield from operator.finish_task()
+        except StageExecutionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a DoFn's setup(), run as the harness
+            # builds the stage's processor, outside the bundle that names failures
+            raise StageExecutionError.from_exception(exc, stage.display_name) from None
         finally:
             totals = operator.metrics.take()
             if totals is not None:

@@ -10,6 +10,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_streams_runner import spark_session
+from beam_streams_runner.errors import WorkerPythonError
 from beam_streams_runner.options import StreamsSparkOptions
 from beam_streams_runner.spark_session import (
     SparkMasterUnreachableError,
@@ -105,6 +106,35 @@ def test_other_masters_are_not_probed(master):
 def test_malformed_master_is_reported():
     with pytest.raises(SparkMasterUnreachableError, match='host:port'):
         check_master_reachable('spark://nohost')
+
+
+@pytest.mark.parametrize('how', ['PYSPARK_PYTHON', 'spark.pyspark.python'])
+def test_worker_python_without_beam_fails_before_any_jvm(no_active_spark, tmp_path,
+                                                         monkeypatch, how):
+    shim = tmp_path / 'python3'
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.delenv('PYTHONPATH', raising=False)
+    monkeypatch.delenv('PYSPARK_PYTHON', raising=False)
+    flags = ['--spark_master=local[2]']
+    if how == 'PYSPARK_PYTHON':
+        monkeypatch.setenv('PYSPARK_PYTHON', str(shim))
+    else:
+        flags.append(f'--spark_conf=spark.pyspark.python={shim}')
+    with pytest.raises(WorkerPythonError, match=re.escape(f'{shim} (set by ')):
+        get_or_create_spark(_options(*flags), 'test')
+    assert no_active_spark == []
+
+
+def test_non_local_master_is_not_probed(no_active_spark, monkeypatch):
+    # Its workers run elsewhere: the interpreter they run cannot be checked from here.
+    monkeypatch.delenv('PYSPARK_PYTHON', raising=False)
+    monkeypatch.setattr(spark_session, 'check_worker_python', lambda *a: pytest.fail('probed'))
+    with pytest.raises(AssertionError, match='ensure_java'):
+        get_or_create_spark(_options('--spark_master=yarn'), 'test')
+    monkeypatch.setenv('PYSPARK_PYTHON', '/cluster/python3')
+    with pytest.raises(AssertionError, match='ensure_java'):
+        get_or_create_spark(_options('--spark_master=yarn'), 'test')
 
 
 def test_active_session_is_reused(monkeypatch):

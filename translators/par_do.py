@@ -19,8 +19,9 @@ Source-level bundling (design section 4): in a stage reading a splittable DoFn
 `bundle_size` elements from the source: the steps downstream of the source run
 `finish_bundle` and `start_bundle` there, inside one harness bundle (a read
 slice). The slice ends with a runner checkpoint of the restriction after at
-least a default bundle's worth; SDF residuals (runner checkpoints and the
-DoFn's own self-checkpoints) are fed back as new slices of the same stage.
+least a default bundle's worth (in batch, also a default bundle time's); SDF
+residuals (runner checkpoints and the DoFn's own self-checkpoints) are fed back
+as new slices of the same stage.
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import userstate
 
 from beam_streams_runner.errors import StageExecutionError
+from beam_streams_runner.failure_hints import failed_combine_step
 from beam_streams_runner.metrics import MetricCells
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK, Bundle, Operator
 from beam_streams_runner.options import DEFAULT_BUNDLE_SIZE, DEFAULT_BUNDLE_TIME_MS
 from beam_streams_runner.plan import StagePlan, stateful_main_input
+from beam_streams_runner.progress import CountedOutput, count_elements
 from beam_streams_runner.records import Record, decode_with_raw
 from beam_streams_runner.state.keyed_state import KeyedStateStore
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.state.timers import TimerQueue
+from beam_streams_runner.translators.partial_combine import (
+    TaskPartialCombines,
+    task_partial_combines,
+)
 from beam_streams_runner.translators.read import SOURCE_BUNDLES_URN, set_source_bundle_listener
 from beam_streams_runner.worker_runtime import WorkerRuntime
 
@@ -108,11 +115,17 @@ class FusedStageOperator(Operator):
         self._window_ends: dict[tuple[str, bytes], int] = {}
         self._allowed_lateness = 0
         self.metrics = MetricCells()
+        # Streaming progress: the outputs whose elements this task counts (see `progress`).
+        self.counted: tuple[CountedOutput, ...] = ()
+        self.element_counts: dict[str, int] = {}
         self._bundle_size = bundle_size
         self._inputs_of_roots: dict[tuple[str, str], str] = {}
         self._input_counts: dict[str, int] = {}
         self._bundle_steps: dict[str, list[str]] | None = None
         self._splittable_inputs = self._inputs_of_splittable_dofns()
+        # Lifted combines' partial combines last the whole task (see `partial_combine`).
+        self._partial_combines = TaskPartialCombines(
+            runtime, stage, self._descriptor_view().process_bundle_descriptor, bundle_size)
         if stage.stateful:
             self._prepare_state()
         self.state = PartitionStateHandler(
@@ -146,6 +159,8 @@ class FusedStageOperator(Operator):
             if not due:
                 break
             outputs.extend(self._fire(due))
+        if watermark >= MAX_WATERMARK:
+            outputs.extend(self.finish_task())  # the bounded input has ended
         if self.stage.stateful and self.keyed_state_gc:
             self.keyed_state.expire(watermark, self._allowed_lateness, self._is_pinned)
         return outputs
@@ -161,6 +176,13 @@ class FusedStageOperator(Operator):
 
     def next_processing_time(self) -> int | None:
         return self.processing_timers.next_timestamp()
+
+    def finish_task(self) -> list[Record]:
+        """What the stage's partial combines held over this task's bundles."""
+        try:
+            return self._partial_combines.emit()
+        except Exception as exc:  # noqa: BLE001 - a CombineFn's `compact` is user code
+            raise StageExecutionError.from_exception(exc, self.stage.display_name) from None
 
     def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
         """What changed since the last call (design section 8), per user key: its keyed
@@ -314,8 +336,10 @@ class FusedStageOperator(Operator):
         if processors.cached_bundle_processors[self.descriptor_id]:
             processor = processors.get(instruction_id, self.descriptor_id)
         else:
-            with _cheap_combining_state():  # only a new processor looks the class up
+            # Only a new processor looks these up.
+            with _cheap_combining_state(), task_partial_combines():
                 processor = processors.get(instruction_id, self.descriptor_id)
+        self._partial_combines.hold(processor)
         try:
             if self._splittable_inputs and self._bundle_size and not fired:
                 set_source_bundle_listener(
@@ -336,6 +360,8 @@ class FusedStageOperator(Operator):
             for transform_id, op in processor.ops.items():
                 if op.metrics_container.metrics:
                     self.metrics.fold(transform_id, op.metrics_container.metrics)
+            if self.counted:
+                count_elements(processor, self.counted, self.element_counts)
             if requires_finalization:
                 processor.finalize_bundle()
             runtime.processors.release(instruction_id)
@@ -343,7 +369,9 @@ class FusedStageOperator(Operator):
             runtime.processors.discard(instruction_id, exc)
             # Drop whatever the failed bundle left on the channel.
             list(conn.input_elements(instruction_id, None))
-            raise StageExecutionError.from_exception(exc, self.stage.display_name) from None
+            transforms = processor.process_bundle_descriptor.transforms
+            raise StageExecutionError.from_exception(
+                exc, self.stage.display_name, failed_combine_step(exc, transforms)) from None
         return delayed, cuts
 
     # Source-level bundling ---------------------------------------------------------
@@ -368,7 +396,8 @@ class FusedStageOperator(Operator):
         set) a source bundle ends: the steps downstream of the source finish their
         bundle and start the next (`finish_bundle`, `start_bundle`), inside the
         same harness bundle. The harness bundle is a read slice: at the first
-        bundle end past `max(bundle_size, DEFAULT_BUNDLE_SIZE)` elements (or past
+        bundle end past `max(bundle_size, DEFAULT_BUNDLE_SIZE)` elements (in batch,
+        and past `DEFAULT_BUNDLE_TIME_MS`; in streaming, or past
         `max(bundle_time_ms, DEFAULT_BUNDLE_TIME_MS)`) the runner checkpoints the
         source's restriction and the rest is read as the next slice. So small
         bundles cost a `finish_bundle`/`start_bundle` of the steps downstream, not a
@@ -382,6 +411,10 @@ class FusedStageOperator(Operator):
         started = time.monotonic()
         slice_until = (started + max(bundle_s, DEFAULT_BUNDLE_TIME_MS / 1000.0)
                        if bundle_s else math.inf)
+        # Batch: a slice also lasts a default bundle time. Each slice costs a harness
+        # bundle and an SDF checkpoint (Beam pickles and compresses the restriction):
+        # 10% of a word count's CPU at a slice per 1,000 lines.
+        slice_from = started if self._streaming else started + DEFAULT_BUNDLE_TIME_MS / 1000.0
         in_bundle = dict.fromkeys(steps, 0)
         bundle_until = dict.fromkeys(steps, started + bundle_s if bundle_s else math.inf)
         read = 0
@@ -395,7 +428,8 @@ class FusedStageOperator(Operator):
                 in_bundle[boundary_id] = count
                 return
             in_bundle[boundary_id] = 0
-            if ((read >= slice_size or time.monotonic() >= slice_until)
+            now = time.monotonic()
+            if (((read >= slice_size and now >= slice_from) or now >= slice_until)
                     and self._checkpoint(processor, instruction_id, data, cuts)):
                 return  # the slice's last bundle ends with the harness bundle
             finishing = steps[boundary_id]

@@ -280,10 +280,11 @@ def test_source_bundles_are_cut_inside_read_slices(spark_session, spark_args, mo
     found = result.metrics().query(MetricsFilter().with_namespace('source_bundling'))
     sizes = found['distributions'][0].committed
     assert (sizes.sum, sizes.max, sizes.count) == (elements, 10, elements // 10)
-    # One harness bundle per slice of at least a default bundle (1000 elements),
-    # not one per source bundle: the read is checkpointed about 3 times, not 300.
+    # One harness bundle per slice of at least a default bundle (1000 elements; in
+    # batch also 100 ms, which a quick read may not reach), not one per source
+    # bundle: the read is checkpointed about 3 times at most, not 300.
     read_bundles = found['counters'][0].committed
-    assert 3 <= read_bundles <= 5, read_bundles
+    assert (1 if mode == 'batch' else 3) <= read_bundles <= 5, read_bundles
 
 
 class _CharsByPosition(beam.DoFn):
