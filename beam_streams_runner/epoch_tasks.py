@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from pyspark import AccumulatorParam
 
-from beam_streams_runner.errors import StageExecutionError
+from beam_streams_runner.errors import StageExecutionError, stage_failures_named
 from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.partition_cache import PartitionOperatorCache
 from beam_streams_runner.progress import CountedOutput
@@ -145,7 +145,7 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
         operator.state.side_inputs = side_view.state_bc.value
         operator.has_pushed_back = gate.graph.has_pending
     heard: dict[object, int] = {}
-    with recorded_warnings(warnings_acc):
+    with recorded_warnings(warnings_acc), stage_failures_named(stage.display_name):
         try:
             if gate is not None:
                 yield from _each(operator.process_bundle,
@@ -188,11 +188,6 @@ def run_stage_epoch(plan_bc, epoch_bc, stage_name: str, metrics_acc, warnings_ac
             yield from operator.on_processing_time(epoch.processing_time)
             # Nothing the task holds may outlive its epoch (see `partial_combine`).
             yield from operator.finish_task()
-        except StageExecutionError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - e.g. a DoFn's setup(), run as the harness
-            # builds the stage's processor, outside the bundle that names failures
-            raise StageExecutionError.from_exception(exc, stage.display_name) from None
         finally:
             totals = operator.metrics.take()
             if totals is not None:

@@ -103,6 +103,19 @@ class WorkerPythonError(StreamsSparkRunnerError):
 
 
 @contextlib.contextmanager
+def stage_failures_named(where: str) -> Iterator[None]:
+    """Inside a Spark task: a failure outside the bundles the harness names (a DoFn's
+    setup(), run as the harness builds the stage's processor) raised as a
+    `StageExecutionError` naming `where`; one already named passes through."""
+    try:
+        yield
+    except StageExecutionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - rewrapped with the stage's name
+        raise StageExecutionError.from_exception(exc, where) from None
+
+
+@contextlib.contextmanager
 def spark_failures_as_pipeline_errors() -> Iterator[None]:
     """Re-raises a failed Spark action as the error the user should see (both drivers)."""
     try:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 
-from beam_streams_runner.errors import StageExecutionError
+from beam_streams_runner.errors import StageExecutionError, stage_failures_named
 from beam_streams_runner.operators import MAX_WATERMARK
 from beam_streams_runner.plan import StagePlan
 from beam_streams_runner.records import Record
@@ -112,7 +112,7 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
     stage = plan.stages[stage_name]
     operator = FusedStageOperator(
         runtime, stage, side_bc.value if side_bc is not None else {}, plan.bundle_size)
-    with recorded_warnings(warnings_acc):
+    with recorded_warnings(warnings_acc), stage_failures_named(stage.display_name):
         try:
             if grouping_input is not None:
                 records = _grouped(runtime, plan, stage, grouping_input, records)
@@ -120,11 +120,6 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
                 yield from operator.process_bundle([(input_id, chunk)])
             yield from operator.on_watermark('input', MAX_WATERMARK)
             yield from operator.finish_task()
-        except StageExecutionError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - e.g. a DoFn's setup(), run as the harness
-            # builds the stage's processor, outside the bundle that names failures
-            raise StageExecutionError.from_exception(exc, stage.display_name) from None
         finally:
             totals = operator.metrics.take()
             if totals is not None:
