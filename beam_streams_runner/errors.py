@@ -148,7 +148,7 @@ def worker_python_error(text: str) -> WorkerPythonError | None:
         return WorkerPythonError.cannot_start(cannot_run.group(1), cannot_run.group(2))
     python = _configured_worker_python()
     daemon = _DAEMON_EOF.search(text)
-    module = daemon.group(1) if daemon else 'beam_streams_runner.worker_daemon'
+    module = daemon.group(1) if daemon else 'beam_streams_runner.worker.daemon'
     stderr = _WORKER_STDERR.search(text)
     if stderr:
         # The daemon exited before it sent its port; this is its own error output.

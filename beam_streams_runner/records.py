@@ -19,8 +19,13 @@ from collections.abc import Hashable, Iterable, Iterator
 from typing import NamedTuple
 
 from apache_beam.coders.coder_impl import create_InputStream
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 
 Record = tuple[bytes, bytes]  # (buffer id, encoded elements)
+
+# Watermarks and timestamps cross the runner as Beam's microseconds.
+MIN_WATERMARK = MIN_TIMESTAMP.micros
+MAX_WATERMARK = MAX_TIMESTAMP.micros
 
 
 class Punctuation(NamedTuple):

@@ -28,15 +28,15 @@ from apache_beam.runners.pipeline_utils import (
 from apache_beam.runners.runner import PipelineRunner
 from apache_beam.transforms import environments
 
-from beam_streams_runner.batch_driver import BatchDriver
-from beam_streams_runner.construction_checks import check_applied
+from beam_streams_runner.driver.batch import BatchDriver
+from beam_streams_runner.driver.construction_checks import check_applied
+from beam_streams_runner.driver.plan import build_plan, check_deterministic_keys, needs_streaming
+from beam_streams_runner.driver.progress import find_endpoints
+from beam_streams_runner.driver.spark_session import get_or_create_spark
+from beam_streams_runner.driver.streaming import StreamingDriver
 from beam_streams_runner.errors import UnpicklableUserCodeError
 from beam_streams_runner.options import spark_parallelism, validate_streams_spark_options
-from beam_streams_runner.plan import build_plan, check_deterministic_keys, needs_streaming
-from beam_streams_runner.progress import find_endpoints
 from beam_streams_runner.result import StreamsSparkPipelineResult
-from beam_streams_runner.spark_session import get_or_create_spark
-from beam_streams_runner.streaming_driver import StreamingDriver
 
 _LOGGER = logging.getLogger(__name__)
 

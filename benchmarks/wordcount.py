@@ -209,8 +209,8 @@ def read_lines(prefix: str) -> list[str]:
 
 def spark_session(extra_args: Sequence[str]):
     """The SparkSession StreamsSparkRunner runs on (started like the runner starts it)."""
+    from beam_streams_runner.driver.spark_session import get_or_create_spark
     from beam_streams_runner.options import StreamsSparkOptions
-    from beam_streams_runner.spark_session import get_or_create_spark
     options = PipelineOptions(list(extra_args)).view_as(StreamsSparkOptions)
     return get_or_create_spark(options, 'wordcount benchmark')
 

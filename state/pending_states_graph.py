@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
 
-from beam_streams_runner.operators import MIN_WATERMARK
+from beam_streams_runner.records import MIN_WATERMARK
 
 # (side input id, side window, side window max timestamp in micros)
 SideWindowRequest = tuple[Hashable, Hashable, int]

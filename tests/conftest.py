@@ -41,8 +41,8 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner import StreamsSparkRunner
-from beam_streams_runner.batch_driver import worker_plan
-from beam_streams_runner.plan import build_plan
+from beam_streams_runner.driver.lineage import worker_plan
+from beam_streams_runner.driver.plan import build_plan
 from beam_streams_runner.translators.par_do import FusedStageOperator
 
 SPARK_ARGS = ['--spark_master=local[2]']
@@ -134,7 +134,7 @@ def spark_args() -> list[str]:
 def spark_session():
     """The SparkSession shared by every test (the runner reuses the active one), started
     the way the runner starts its own, so the tests run with the runner's defaults."""
-    from beam_streams_runner.spark_session import get_or_create_spark
+    from beam_streams_runner.driver.spark_session import get_or_create_spark
     session = get_or_create_spark(
         PipelineOptions(['--spark_master=local[2]',
                          '--spark_conf=spark.ui.showConsoleProgress=false']),

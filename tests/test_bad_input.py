@@ -40,21 +40,21 @@ from apache_beam.transforms.external import ExternalTransform
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from conftest import SPARK_ARGS, TESTS_DIR
-from test_java import _fake_jdk
 
 from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner import errors as errors_module
-from beam_streams_runner import java as java_module
-from beam_streams_runner import spark_session as spark_session_module
+from beam_streams_runner.driver import java as java_module
+from beam_streams_runner.driver import spark_session as spark_session_module
+from beam_streams_runner.driver.java import JavaNotFoundError
+from beam_streams_runner.driver.spark_session import SparkMasterUnreachableError
 from beam_streams_runner.errors import (
     InvalidPipelineError,
     NonDeterministicKeyCoderError,
     PipelineExecutionError,
     UnsupportedFeatureError,
 )
-from beam_streams_runner.java import JavaNotFoundError
 from beam_streams_runner.options import InvalidOptionsError
-from beam_streams_runner.spark_session import SparkMasterUnreachableError
+from tests.driver.test_java import _fake_jdk
 
 DOCS = os.path.join(os.path.dirname(TESTS_DIR), 'docs', 'errors.md')
 

@@ -43,9 +43,15 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from sortedcontainers import SortedList
 
-from beam_streams_runner.operators import MAX_WATERMARK, Bundle, Operator
-from beam_streams_runner.records import ChunkBuilder, Record, chunks_by_target, decode_with_raw
+from beam_streams_runner.records import (
+    MAX_WATERMARK,
+    ChunkBuilder,
+    Record,
+    chunks_by_target,
+    decode_with_raw,
+)
 from beam_streams_runner.state.keyed_state import KeyedStateIndex
+from beam_streams_runner.translators.operator import Bundle, Operator
 
 _ONLY_PANE = PaneInfo(
     is_first=True, is_last=True, timing=PaneInfoTiming.ON_TIME, index=0, nonspeculative_index=0)

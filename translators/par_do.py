@@ -45,23 +45,23 @@ from apache_beam.runners.portability.fn_api_runner.execution import BundleContex
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import userstate
 
+from beam_streams_runner.driver.plan import StagePlan, stateful_main_input
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.failure_hints import failed_combine_step
 from beam_streams_runner.metrics import MetricCells
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK, Bundle, Operator
 from beam_streams_runner.options import DEFAULT_BUNDLE_SIZE, DEFAULT_BUNDLE_TIME_MS
-from beam_streams_runner.plan import StagePlan, stateful_main_input
-from beam_streams_runner.progress import CountedOutput, count_elements
-from beam_streams_runner.records import Record, decode_with_raw
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Record, decode_with_raw
 from beam_streams_runner.state.keyed_state import KeyedStateStore
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.state.timers import TimerQueue
+from beam_streams_runner.translators.operator import Bundle, Operator
 from beam_streams_runner.translators.partial_combine import (
     TaskPartialCombines,
     task_partial_combines,
 )
 from beam_streams_runner.translators.read import SOURCE_BUNDLES_URN, set_source_bundle_listener
-from beam_streams_runner.worker_runtime import WorkerRuntime
+from beam_streams_runner.worker.element_counts import CountedOutput, count_elements
+from beam_streams_runner.worker.runtime import WorkerRuntime
 
 _PROCESSING_TIME = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
 # "Split right after the current position": the smallest fraction trackers accept.

@@ -50,12 +50,11 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.errors import StreamsSparkRunnerError, UnsupportedFeatureError
-from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.plan import StagePlan
-from beam_streams_runner.records import Record, decode_with_raw
+from beam_streams_runner.records import MAX_WATERMARK, Record, decode_with_raw
 from beam_streams_runner.state.pending_states_graph import PendingStatesGraph
-from beam_streams_runner.worker_runtime import WorkerRuntime
+from beam_streams_runner.worker.runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
 _ELEMENT = b'e'  # + seq: one pushed-back (element, main window) pair

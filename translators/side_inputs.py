@@ -20,7 +20,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import ListBuffer
 from apache_beam.runners.portability.fn_api_runner.worker_handlers import StateServicer
 
-from beam_streams_runner.plan import PipelinePlan, StagePlan
+from beam_streams_runner.driver.plan import PipelinePlan, StagePlan
 
 
 class _RecordingStateServicer(StateServicer):

@@ -20,8 +20,7 @@ from apache_beam.testing import test_stream
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue
 
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
-from beam_streams_runner.records import Record
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Record
 
 
 class TestStreamStep(NamedTuple):

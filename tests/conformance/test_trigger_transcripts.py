@@ -23,7 +23,7 @@ from tests.conformance.skips import skip_listed
 # epochs each, and a second partition per stage costs ~40% more time per epoch
 # (more Spark tasks) without testing anything about triggers. Watermarks merged
 # across partitions and channels are covered at two partitions by
-# tests/test_streaming_driver.py and tests/translators/test_side_input_gate.py.
+# tests/driver/test_streaming.py and tests/translators/test_side_input_gate.py.
 TEST_PIPELINE_OPTIONS = (
     '--runner=StreamsSparkRunner --streaming --spark_master=local[2] --parallelism=1')
 

@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.state.pending_states_graph import PendingStatesGraph, Released
 
 

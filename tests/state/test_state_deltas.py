@@ -34,8 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.partition_cache import PartitionOperatorCache
+from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.state.keyed_state import KeyedStateStore
 from beam_streams_runner.state.timers import TimerQueue
 from beam_streams_runner.translators.group_by_key import (
@@ -46,6 +45,7 @@ from beam_streams_runner.translators.group_by_key import (
     _entry_header,
 )
 from beam_streams_runner.translators.par_do import FusedStageOperator
+from beam_streams_runner.worker.partition_cache import PartitionOperatorCache
 
 KEYS = st.sampled_from([b'', b'a', b'b', b'\xff'])
 CELLS = st.sampled_from([('t1', 's1', b'w1'), ('t1', 's1', b'w2'), ('t2', 's1', b'w1')])

@@ -28,7 +28,7 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.operators import MAX_WATERMARK
+from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.translators.par_do import (
     FusedStageOperator,
     _pickled_or_none,

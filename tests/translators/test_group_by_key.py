@@ -21,7 +21,7 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedV
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.operators import MAX_WATERMARK
+from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.translators.group_by_key import (
     GroupByKeyOperator,
     _one_pane_per_window,

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_streams_runner import StreamsSparkRunner
-from beam_streams_runner.batch_driver import worker_plan
-from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.plan import build_plan
+from beam_streams_runner.driver.lineage import worker_plan
+from beam_streams_runner.driver.plan import build_plan
+from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.translators.partial_combine import TaskPartialCombine
 

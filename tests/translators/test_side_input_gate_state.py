@@ -32,9 +32,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
-from beam_streams_runner.partition_cache import PartitionOperatorCache
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.translators.side_input_gate import CorruptGateStateError, SideInputGate
+from beam_streams_runner.worker.partition_cache import PartitionOperatorCache
 
 MAIN_WINDOWS = window.SlidingWindows(10, 5)
 KEYS = 'abcd'

@@ -12,29 +12,30 @@ the Spark UI shows which Beam steps a Spark stage runs.
 
 from __future__ import annotations
 
-import collections
-import sys
 import threading
 import uuid
 from collections.abc import Callable
 
-from apache_beam.portability import common_urns
 from pyspark import SparkContext, StorageLevel
 from pyspark.rdd import RDD
 
-from beam_streams_runner import tasks
+from beam_streams_runner.driver.lineage import (
+    buffer_rdd,
+    count_uses,
+    discard,
+    identity,
+    key_partition_fn,
+    reshuffled,
+    retag,
+    worker_plan,
+)
+from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
 from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
-from beam_streams_runner.plan import (
-    IMPULSE_BUFFER,
-    PipelinePlan,
-    StagePlan,
-    kv_component_coder_ids,
-)
-from beam_streams_runner.translators.flatten import flattened
 from beam_streams_runner.translators.impulse import impulse_rdd
 from beam_streams_runner.translators.side_inputs import side_input_state
-from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
+from beam_streams_runner.worker import batch_tasks, shuffles
+from beam_streams_runner.worker.warnings_relay import WarningsAccumulator, reissue
 
 
 class BatchDriver:
@@ -121,14 +122,14 @@ class BatchDriver:
                 spec = self._worker_plan.groupings[buffer_id]
                 inputs.append(self._shuffled(
                     self._buffer(buffer_id), input_id,
-                    _key_partition_fn(self._plan_bc, spec.input_coder_id, spec.key_coder_id,
-                                      input_id)))
+                    key_partition_fn(self._plan_bc, spec.input_coder_id, spec.key_coder_id,
+                                     input_id)))
             elif stage.stateful:
                 coder_id = stage.input_coders[input_id]
                 inputs.append(self._shuffled(
                     self._buffer(buffer_id), input_id,
-                    _key_partition_fn(self._plan_bc, coder_id, stage.key_coders[input_id],
-                                      input_id)))
+                    key_partition_fn(self._plan_bc, coder_id, stage.key_coders[input_id],
+                                     input_id)))
             else:
                 inputs.append(self._buffer(buffer_id).map(retag(input_id)))
         source = inputs[0] if len(inputs) == 1 else self.sc.union(inputs)
@@ -136,7 +137,7 @@ class BatchDriver:
             self._plan_bc, self.metrics, self.warnings, stage.name)
 
         def run_partition(records):
-            return tasks.run_stage(
+            return batch_tasks.run_stage(
                 plan_bc, name, side_bc, metrics, warnings, grouping_input, records)
 
         return source.mapPartitions(run_partition)
@@ -148,20 +149,19 @@ class BatchDriver:
         plan_bc = self._plan_bc
 
         def deal(input_coder, output_coder, output_buffer, index, records):
-            return tasks.round_robin_partition(
+            return shuffles.round_robin_partition(
                 plan_bc, input_coder, output_coder, output_buffer, index,
                 (chunk for _, chunk in records))
 
         return reshuffled(self._buffer(buffer_id), stage, self.num_partitions, deal)
 
-    def _shuffled(self, buffer_rdd: RDD, input_id: str, partition_fn) -> RDD:
-        return buffer_rdd.mapPartitions(partition_fn).partitionBy(
+    def _shuffled(self, buffer: RDD, input_id: str, partition_fn) -> RDD:
+        return buffer.mapPartitions(partition_fn).partitionBy(
             self.num_partitions, identity).values()
 
     def _buffer(self, buffer_id: bytes) -> RDD:
         """The records of one buffer: the union of what its producers wrote to it."""
-        producers = [self._stage_rdds[s.name] for s in self.plan.producers(buffer_id)]
-        return flattened(self.sc, [rdd for rdd in producers if rdd is not None], buffer_id)
+        return buffer_rdd(self.sc, self.plan, self._stage_rdds, buffer_id)
 
     def _materialize(self, buffer_id: bytes) -> list[bytes]:
         if buffer_id not in self._side_chunks:
@@ -170,88 +170,3 @@ class BatchDriver:
             self._on_progress(f'computing side input {buffer_id.decode("utf-8", "replace")}')
             self._side_chunks[buffer_id] = self._buffer(buffer_id).values().collect()
         return self._side_chunks[buffer_id]
-
-
-
-def reshuffled(buffer_rdd: RDD, stage: StagePlan, num_partitions: int,
-               deal: Callable) -> RDD:
-    """A Reshuffle stage: `deal(input coder, output coder, output buffer, index,
-    records)` routes each map partition's records round-robin (batch and streaming)."""
-    (input_id, _), = stage.inputs.items()
-    (output_id, output_buffer), = stage.outputs.items()
-    input_coder = stage.input_coders[input_id]
-    output_coder = stage.output_coders[output_id]
-
-    def deal_partition(index, records):
-        return deal(input_coder, output_coder, output_buffer, index, records)
-
-    return (buffer_rdd.mapPartitionsWithIndex(deal_partition)
-            .partitionBy(num_partitions, identity)
-            .values())
-
-
-def worker_plan(plan: PipelinePlan, run_id: str, bundle_size: int,
-                num_partitions: int) -> tasks.WorkerPlan:
-    """What every task of a run needs, broadcast once (batch and streaming)."""
-    return tasks.WorkerPlan(
-        run_id=run_id,
-        components=plan.components,
-        stages={s.name: s for s in plan.stages},
-        groupings=_groupings(plan),
-        bundle_size=bundle_size,
-        num_partitions=num_partitions,
-        driver_sys_path=tuple(p for p in sys.path if p))
-
-
-def count_uses(plan: PipelinePlan) -> dict[str, int]:
-    """How many times each stage's output RDD is read (main and side inputs)."""
-    uses: dict[str, int] = collections.Counter()
-    for stage in plan.stages:
-        uses[stage.name] += 0
-        read = list(stage.inputs.values()) + [b for b, _ in stage.side_inputs.values()]
-        for buffer_id in set(read):
-            for producer in plan.producers(buffer_id):
-                uses[producer.name] += 1
-    return uses
-
-
-def _groupings(plan: PipelinePlan) -> dict[bytes, tasks.GroupingSpec]:
-    context = plan.execution_context
-    components = context.pipeline_components
-    groupings = {}
-    for buffer_id, transform_id in plan.gbk_transforms.items():
-        transform = components.transforms[transform_id]
-        assert transform.spec.urn == common_urns.primitives.GROUP_BY_KEY.urn
-        input_pcoll = next(iter(transform.inputs.values()))
-        output_pcoll = next(iter(transform.outputs.values()))
-        input_coder = context.data_channel_coders[input_pcoll]
-        key_coder_id, value_coder_id = kv_component_coder_ids(context, input_coder)
-        groupings[buffer_id] = tasks.GroupingSpec(
-            input_coder_id=input_coder,
-            key_coder_id=key_coder_id,
-            value_coder_id=value_coder_id,
-            output_coder_id=context.data_channel_coders[output_pcoll],
-            windowing_strategy_id=components.pcollections[input_pcoll].windowing_strategy_id,
-            step_name=transform.unique_name)
-    return groupings
-
-
-def _key_partition_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
-    def partition(records):
-        return tasks.key_partition(plan_bc, coder_id, key_coder_id, tag,
-                                   (chunk for _, chunk in records))
-    return partition
-
-
-def retag(input_id: str):
-    def retag(record):
-        return input_id, record[1]
-    return retag
-
-
-def identity(partition: int) -> int:
-    return partition
-
-
-def discard(_record) -> None:
-    return None

@@ -27,7 +27,7 @@ from conftest import read_shards
 
 import beam_streams_runner
 from beam_streams_runner import errors
-from beam_streams_runner import worker_python as wp
+from beam_streams_runner.driver import worker_python as wp
 from beam_streams_runner.errors import (
     WorkerPythonError,
     spark_failures_as_pipeline_errors,
@@ -157,11 +157,11 @@ An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectA
 failed 4 times, most recent failure: Lost task 0.3 (TID 3) (10.0.0.7 executor 1): \
 org.apache.spark.SparkException: \nError from python worker:
   /usr/bin/python3.11: Error while finding module specification for \
-'beam_streams_runner.worker_daemon' (ModuleNotFoundError: No module named 'beam_streams_runner')
+'beam_streams_runner.worker.daemon' (ModuleNotFoundError: No module named 'beam_streams_runner')
 PYTHONPATH was:
   /opt/spark/python/lib/pyspark.zip:/opt/spark/python/lib/py4j-0.10.9.9-src.zip
 org.apache.spark.SparkException: EOFException occurred while reading the port number from \
-beam_streams_runner.worker_daemon's stdout.
+beam_streams_runner.worker.daemon's stdout.
 \tat org.apache.spark.errors.SparkCoreErrors$.eofExceptionWhileReadPortNumberError(x.scala:55)
 '''
 _DAEMON_SYNTAX_ERROR = '''\
@@ -173,7 +173,7 @@ org.apache.spark.SparkException: \nError from python worker:
 PYTHONPATH was:
   /opt/spark/python/lib/pyspark.zip
 org.apache.spark.SparkException: EOFException occurred while reading the port number from \
-beam_streams_runner.worker_daemon's stdout.
+beam_streams_runner.worker.daemon's stdout.
 '''
 _PYSPARK_DAEMON_UNPICKLE = '''\
 An exception was thrown from the Python worker:
@@ -202,14 +202,14 @@ def test_daemon_that_cannot_find_the_runner(workers_on_python3):
 
 def test_daemon_that_fails_otherwise_names_the_daemon_and_its_error():
     message = str(worker_python_error(_DAEMON_SYNTAX_ERROR))
-    assert ("cannot import beam_streams_runner.worker_daemon (SyntaxError: Missing "
+    assert ("cannot import beam_streams_runner.worker.daemon (SyntaxError: Missing "
             "parentheses in call to 'print')") in message
 
 
 def test_daemon_without_error_output_points_to_the_executor_logs():
     text = _DAEMON_SYNTAX_ERROR.split('PYTHONPATH was:\n  /opt/spark/python/lib/pyspark.zip\n')[1]
     message = str(worker_python_error(text))
-    assert "beam_streams_runner.worker_daemon exited before it started" in message
+    assert "beam_streams_runner.worker.daemon exited before it started" in message
     assert "executors' logs" in message
 
 
@@ -304,7 +304,7 @@ _ON_A_SESSION = textwrap.dedent('''
     from beam_streams_runner import StreamsSparkRunner
     from beam_streams_runner.errors import WorkerPythonError
     from beam_streams_runner.options import StreamsSparkOptions
-    from beam_streams_runner.spark_session import get_or_create_spark
+    from beam_streams_runner.driver.spark_session import get_or_create_spark
 
     chosen, *broken = sys.argv[1:]
     args = ['--spark_master=local[1]', '--spark_conf=spark.ui.enabled=false']

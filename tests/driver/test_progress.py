@@ -14,9 +14,14 @@ from apache_beam.transforms import environments, window
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner import StreamsSparkRunner
-from beam_streams_runner.epoch_tasks import PartitionReport
-from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.progress import PROGRESS_KEPT, EpochProgress, find_endpoints, summary
+from beam_streams_runner.driver.progress import (
+    PROGRESS_KEPT,
+    EpochProgress,
+    find_endpoints,
+    summary,
+)
+from beam_streams_runner.records import MAX_WATERMARK
+from beam_streams_runner.worker.epoch_tasks import PartitionReport
 from tests.conftest import WriteLines
 
 pytestmark = pytest.mark.timeout(600)
@@ -69,7 +74,7 @@ class _Stage:
 
 
 def test_records_sum_the_partitions_and_only_the_last_are_kept():
-    from beam_streams_runner.progress import Endpoints
+    from beam_streams_runner.driver.progress import Endpoints
     progress = EpochProgress([_Stage('s0'), _Stage('s1')],
                              Endpoints({'Read': ('pc-in',)}, {'Write': ('pc-out',)}))
     watermark = Timestamp.of(1_000).micros

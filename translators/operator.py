@@ -24,14 +24,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Hashable, Iterable
 
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
-
-from beam_streams_runner.records import Record
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Record
 
 Bundle = list[tuple[str, bytes]]
-
-MIN_WATERMARK = MIN_TIMESTAMP.micros
-MAX_WATERMARK = MAX_TIMESTAMP.micros
 
 
 class ChannelWatermarks:

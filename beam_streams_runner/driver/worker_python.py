@@ -6,7 +6,7 @@ PATH; it reads that once, when the SparkContext starts, and ignores
 only by `spark-submit`). A driver started as `venv/bin/python` without
 activating the virtualenv therefore gets workers that run some other
 `python3`, which cannot import Beam or the runner: the daemon module
-(`beam_streams_runner.worker_daemon`) fails to start and the driver gets a long
+(`beam_streams_runner.worker.daemon`) fails to start and the driver gets a long
 Java trace.
 
 For a session the runner starts itself, `worker_python()` picks the

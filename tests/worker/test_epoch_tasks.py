@@ -1,7 +1,7 @@
 """`epoch_tasks.read_on`: how a source stage's task reads on within its read budget."""
 
-from beam_streams_runner.epoch_tasks import read_on
 from beam_streams_runner.translators.par_do import Residual
+from beam_streams_runner.worker.epoch_tasks import read_on
 
 
 class _Clock:

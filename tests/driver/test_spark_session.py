@@ -9,14 +9,14 @@ import textwrap
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_streams_runner import spark_session
-from beam_streams_runner.errors import WorkerPythonError
-from beam_streams_runner.options import StreamsSparkOptions
-from beam_streams_runner.spark_session import (
+from beam_streams_runner.driver import spark_session
+from beam_streams_runner.driver.spark_session import (
     SparkMasterUnreachableError,
     check_master_reachable,
     get_or_create_spark,
 )
+from beam_streams_runner.errors import WorkerPythonError
+from beam_streams_runner.options import StreamsSparkOptions
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def test_new_session_gets_the_options():
         import sys
         from apache_beam.options.pipeline_options import PipelineOptions
         from beam_streams_runner.options import StreamsSparkOptions
-        from beam_streams_runner.spark_session import get_or_create_spark
+        from beam_streams_runner.driver.spark_session import get_or_create_spark
         opts = PipelineOptions(['--spark_master=local[2]', '--parallelism=3',
                                 '--spark_conf=spark.ui.enabled=false',
                                 '--spark_conf=spark.app.id.custom=yes'])
@@ -187,5 +187,5 @@ def test_new_session_gets_the_options():
     # Python workers fork from the runner's daemon, which imported Beam already and
     # keeps the directories of PySpark's own archives read once.
     assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True '
-                      "beam_streams_runner.worker_daemon ('_invalidate_caches', True)"
+                      "beam_streams_runner.worker.daemon ('_invalidate_caches', True)"
                       ], proc.stdout

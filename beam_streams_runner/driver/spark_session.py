@@ -16,17 +16,17 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
-from beam_streams_runner.java import ensure_java
-from beam_streams_runner.options import (
-    StreamsSparkOptions,
-    configured_parallelism,
-    parse_spark_conf,
-)
-from beam_streams_runner.worker_python import (
+from beam_streams_runner.driver.java import ensure_java
+from beam_streams_runner.driver.worker_python import (
     PYTHON_CONF,
     check_worker_python,
     is_local_master,
     worker_python,
+)
+from beam_streams_runner.options import (
+    StreamsSparkOptions,
+    configured_parallelism,
+    parse_spark_conf,
 )
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ _DEFAULT_CONF = {
     # Same str/bytes hashes in every Python worker (Beam and PySpark partitioning
     # must agree across workers and re-runs).
     'spark.executorEnv.PYTHONHASHSEED': '0',
-    # Workers forked with Beam already imported (see worker_daemon).
-    'spark.python.daemon.module': 'beam_streams_runner.worker_daemon',
+    # Workers forked with Beam already imported (see worker.daemon).
+    'spark.python.daemon.module': 'beam_streams_runner.worker.daemon',
 }
 
 

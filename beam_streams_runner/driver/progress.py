@@ -13,7 +13,7 @@ PeriodicImpulse, TestStream); a sink an outermost transform that reads a
 PCollection and whose outputs nothing else reads (a write, a `Map(print)`).
 Their elements are counted by the SDK harness's own per-PCollection element
 counters, read after every harness bundle in the one stage that produces the
-PCollection (`counted_outputs`, `count_elements`), so counting costs a few
+PCollection (`counted_outputs`, `worker.element_counts`), so counting costs a few
 attribute reads per bundle and no decoding.
 """
 
@@ -31,7 +31,8 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.utils.proto_utils import parse_Bytes
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
+from beam_streams_runner.worker.element_counts import CountedOutput
 
 PROGRESS_KEPT = 100
 _PAR_DO_URN = common_urns.primitives.PAR_DO.urn
@@ -42,14 +43,6 @@ class Endpoints(NamedTuple):
 
     sources: dict[str, tuple[str, ...]]  # -> the PCollections it emits that others read
     sinks: dict[str, tuple[str, ...]]  # -> the PCollections it reads as main inputs
-
-
-class CountedOutput(NamedTuple):
-    """Where a task counts the elements of one PCollection: an output of a harness step."""
-
-    transform_id: str
-    tag: str  # the step's output tag
-    pcollection: str
 
 
 def find_endpoints(proto: beam_runner_api_pb2.Pipeline) -> Endpoints:
@@ -118,23 +111,6 @@ def counted_outputs(stages: Iterable, pcollections: Iterable[str]
                     wanted.discard(pcollection)
                     counted[stage.name].append(CountedOutput(tid, tag, pcollection))
     return {name: tuple(outputs) for name, outputs in counted.items()}
-
-
-def count_elements(processor, counted: Iterable[CountedOutput], counts: dict[str, int]) -> None:
-    """Adds the elements one harness bundle emitted on the `counted` outputs to
-    `counts` (PCollection -> elements). Called before the bundle processor is
-    released: releasing it resets its counters."""
-    for transform_id, tag, pcollection in counted:
-        receivers = getattr(processor.ops.get(transform_id), 'receivers', None) or ()
-        if len(receivers) == 1:
-            index = 0  # a single-output step has one receiver whatever its tag
-        else:
-            # The harness numbers a step's receivers in the order of its output tags.
-            outputs = processor.process_bundle_descriptor.transforms[transform_id].outputs
-            index = list(outputs).index(tag)
-        if index < len(receivers):
-            elements = receivers[index].opcounter.element_counter.value()
-            counts[pcollection] = counts.get(pcollection, 0) + elements
 
 
 class EpochProgress:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner import partition_cache
-from beam_streams_runner.partition_cache import PartitionOperatorCache
+from beam_streams_runner.worker import partition_cache
+from beam_streams_runner.worker.partition_cache import PartitionOperatorCache
 
 NAME = 'stage-3/partition-1'
 

@@ -20,6 +20,8 @@ partition:
    state and SDF residuals), after its data to every output buffer, and reports
    it with the residuals to the driver (`PartitionReport`);
 6. commits the new version of its stateful operators before it succeeds.
+
+The map sides of the shuffles between the stages are in `shuffles`.
 """
 
 from __future__ import annotations
@@ -32,19 +34,14 @@ from typing import NamedTuple
 from pyspark import AccumulatorParam
 
 from beam_streams_runner.errors import StageExecutionError, stage_failures_named
-from beam_streams_runner.operators import MAX_WATERMARK, MIN_WATERMARK
-from beam_streams_runner.partition_cache import PartitionOperatorCache
-from beam_streams_runner.progress import CountedOutput
-from beam_streams_runner.records import Punctuation, Record
-from beam_streams_runner.tasks import WorkerPlan, shuffle_failures_named
-from beam_streams_runner.translators.group_by_key import (
-    KeyPartitioner,
-    StreamingGroupByKeyOperator,
-)
+from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Punctuation, Record
+from beam_streams_runner.translators.group_by_key import StreamingGroupByKeyOperator
 from beam_streams_runner.translators.par_do import FusedStageOperator, Residual
-from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
 from beam_streams_runner.translators.side_input_gate import SideInputGate
-from beam_streams_runner.warnings_relay import recorded_warnings
+from beam_streams_runner.worker.element_counts import CountedOutput
+from beam_streams_runner.worker.partition_cache import PartitionOperatorCache
+from beam_streams_runner.worker.warnings_relay import recorded_warnings
+from beam_streams_runner.worker.worker_plan import WorkerPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +72,7 @@ class PartitionReport(NamedTuple):
     next_processing_time: int | None
     sizes: dict[tuple[str, str], int]  # (Beam step, gauge name) -> live count here
     read_s: float = 0.0  # seconds a source stage's task spent reading (its input and on)
-    # Streaming progress (see `progress`): the watermark of what the partition reads
+    # Streaming progress (see `driver.progress`): the watermark of what the partition reads
     # (what its channels sent; for a source, what its restrictions allow), the
     # elements of the counted PCollections, the bytes its state commits wrote.
     input_watermark: int = MAX_WATERMARK
@@ -300,53 +297,3 @@ def _admitted(gate: SideInputGate | None, records: list[Record]) -> list[Record]
 def _each(process_bundle: Callable, records: list[Record]) -> Iterator[Record]:
     for record in records:
         yield from process_bundle([record])
-
-
-# Map sides of the shuffles: data routed, punctuations sent to every target. -------
-def keyed_shuffle(plan_bc, coder_id: str, key_coder_id: str, tag: str,
-                  records: Iterable[tuple[str, object]]) -> Iterator[tuple[int, tuple]]:
-    plan: WorkerPlan = plan_bc.value
-    runtime = plan.runtime()
-    partitioner = KeyPartitioner(runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
-                                 plan.num_partitions, plan.bundle_size)
-    return shuffle_failures_named(
-        _routed(records, plan.num_partitions, tag, partitioner.partition), plan, tag)
-
-
-def round_robin_shuffle(plan_bc, input_coder_id: str, output_coder_id: str, tag: str,
-                        index: int, records: Iterable[tuple[str, object]]
-                        ) -> Iterator[tuple[int, tuple]]:
-    plan: WorkerPlan = plan_bc.value
-    runtime = plan.runtime()
-    partitioner = RoundRobinPartitioner(
-        runtime.coder_impl(input_coder_id), runtime.coder_impl(output_coder_id),
-        plan.num_partitions, plan.bundle_size, start=index)
-    return _routed(records, plan.num_partitions, tag, partitioner.partition)
-
-
-def _routed(records: Iterable[tuple[str, object]], num_partitions: int, tag: str,
-            partition: Callable) -> Iterator[tuple[int, tuple]]:
-    punctuations: list[Punctuation] = []
-
-    def chunks() -> Iterator[bytes]:
-        for _, payload in records:
-            if isinstance(payload, Punctuation):
-                punctuations.append(payload)
-            else:
-                yield payload
-
-    yield from partition(tag, chunks())
-    # A producer sends its punctuation after its data: forward it after the data too.
-    for punctuation in punctuations:
-        for target in range(num_partitions):
-            yield target, (tag, punctuation)
-
-
-def dealt_chunks(num_partitions: int, tag: str, index: int,
-                 records: Iterable[tuple[str, object]]) -> Iterator[tuple[int, tuple]]:
-    """Deals whole chunks round-robin: the fixed partitions of a stage whose
-    partition state (pushed-back elements) must be found again next epoch."""
-    def partition(tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, tuple]]:
-        for offset, chunk in enumerate(chunks):
-            yield (index + offset) % num_partitions, (tag, chunk)
-    return _routed(records, num_partitions, tag, partition)

@@ -177,7 +177,7 @@ def _shim_java_home(java_home: str) -> str:
     shim = os.path.join(_cache_root(), f'java-home-{digest}')
     script = (
         '#!/bin/sh\n'
-        f'# Made by beam_streams_runner.java: runs {real_java}\n'
+        f'# Made by beam_streams_runner.driver.java: runs {real_java}\n'
         f'# without {_VECTOR_MODULE}, which this Java runtime does not include.\n'
         'for arg do\n'
         '  shift\n'

@@ -130,7 +130,7 @@ def test_partitions_move_between_python_workers(tmp_path):
         import sys
         sys.path.insert(0, {os.getcwd()!r})
         from tests.conftest import events_with_late_data, run_streaming
-        from tests.test_streaming_driver import _BufferUntilWindowEnd
+        from tests.driver.test_streaming import _BufferUntilWindowEnd
         import apache_beam as beam
         from apache_beam.transforms import window
         from beam_streams_runner import StreamsSparkRunner
@@ -215,7 +215,7 @@ def test_finished_stages_leave_later_epochs(tmp_path, spark_session, monkeypatch
     first epoch while its reading goes on: later epochs no longer run those stages."""
     from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
-    from beam_streams_runner.streaming_driver import StreamingDriver
+    from beam_streams_runner.driver.streaming import StreamingDriver
     epochs = []  # (stages that reported, stages finished after that epoch)
     find_finished = StreamingDriver._find_finished_stages
 

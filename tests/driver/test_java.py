@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from beam_streams_runner import java as java_module
-from beam_streams_runner.java import (
+from beam_streams_runner.driver import java as java_module
+from beam_streams_runner.driver.java import (
     JavaNotFoundError,
     ensure_java,
     find_java,

@@ -5,7 +5,7 @@ slot. Each new worker imported Beam, pyarrow and the runner on its first task
 (about 1.5 s of CPU per worker, measured with py-spy on streaming NEXMark Q0:
 a third of all Python worker time at 100k events). Imported here once, in the
 daemon, every forked worker inherits them. Spark runs this module through
-`spark.python.daemon.module` (set by `spark_session` for sessions the runner
+`spark.python.daemon.module` (set by `driver.spark_session` for sessions the runner
 starts; `--spark_conf spark.python.daemon.module=pyspark.daemon` restores
 PySpark's own). Beam starts no Python threads on import, so forking after it
 is safe (PySpark's daemon defers only its worker module's import, for pandas
@@ -42,8 +42,8 @@ import zipimport
 import pyspark.worker  # noqa: F401
 from pyspark import daemon
 
-import beam_streams_runner.batch_driver
-import beam_streams_runner.epoch_tasks  # noqa: F401
+import beam_streams_runner.driver.batch
+import beam_streams_runner.worker.epoch_tasks  # noqa: F401
 
 _FIXED_ARCHIVES = frozenset(path for path in sys.path if path.endswith('.zip'))
 _reread_directory = zipimport.zipimporter.invalidate_caches

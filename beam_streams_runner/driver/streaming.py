@@ -1,7 +1,7 @@
 """The streaming driver: epochs of Spark jobs over one stage DAG (design section 5).
 
 Each epoch is one Spark job running every stage of the pipeline once, with
-watermarks in band (`records.Punctuation`, see `epoch_tasks`). Between epochs
+watermarks in band (`records.Punctuation`, see `worker.epoch_tasks`). Between epochs
 the driver keeps what belongs to the sources: the residual restrictions of
 every splittable DoFn (with their resume times and watermark holds), the events
 of a TestStream still to play, and the processing-time clock. In an epoch the
@@ -10,14 +10,14 @@ furthest behind first, read slice after read slice (each of whole source
 bundles of at most `bundle_size` elements or `bundle_time_ms`, see
 `par_do.FusedStageOperator`) for the epoch's read budget; what is left comes
 back as a residual. Stateful operators live in their partitions across epochs
-(`partition_cache`).
+(`worker.partition_cache`).
 
 Adaptive epochs: an epoch costs a fixed part (scheduling, shuffles, state) on
 top of its reading. The driver measures that part after every epoch and gives
 the next one the read budget `target_latency_ms` minus it (at least a quarter
 of the goal), so an element waits about one epoch: its reading, then the rest
 of the job. A source with no backlog hands its restriction back early (see
-`epoch_tasks.read_on`), so under a light load epochs get short and latency low;
+`worker.epoch_tasks.read_on`), so under a light load epochs get short and latency low;
 under a heavy load they get as long as the goal allows and throughput high.
 
 A stage whose inputs all come from finished stages and whose partitions all
@@ -55,8 +55,8 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
-from beam_streams_runner import epoch_tasks
-from beam_streams_runner.batch_driver import (
+from beam_streams_runner.driver.lineage import (
+    buffer_rdd,
     count_uses,
     discard,
     identity,
@@ -64,24 +64,23 @@ from beam_streams_runner.batch_driver import (
     retag,
     worker_plan,
 )
-from beam_streams_runner.epoch_tasks import (
+from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
+from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summary
+from beam_streams_runner.errors import spark_failures_as_pipeline_errors
+from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.records import MAX_WATERMARK, Punctuation
+from beam_streams_runner.translators.par_do import Residual
+from beam_streams_runner.translators.side_inputs import side_input_state
+from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
+from beam_streams_runner.worker import epoch_tasks, shuffles
+from beam_streams_runner.worker.epoch_tasks import (
     DueResiduals,
     EpochInfo,
     PartitionReport,
     ReportsAccumulator,
     SideInputsView,
 )
-from beam_streams_runner.errors import spark_failures_as_pipeline_errors
-from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
-from beam_streams_runner.operators import MAX_WATERMARK
-from beam_streams_runner.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
-from beam_streams_runner.progress import Endpoints, EpochProgress, summary
-from beam_streams_runner.records import Punctuation
-from beam_streams_runner.translators.flatten import flattened
-from beam_streams_runner.translators.par_do import Residual
-from beam_streams_runner.translators.side_inputs import side_input_state
-from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
-from beam_streams_runner.warnings_relay import WarningsAccumulator, reissue
+from beam_streams_runner.worker.warnings_relay import WarningsAccumulator, reissue
 
 _LOGGER = logging.getLogger(__name__)
 _IDLE_WAIT_S = 1.0  # longest sleep when nothing is due, so cancel() stays prompt
@@ -385,7 +384,7 @@ class StreamingDriver:
         plan_bc = self._plan_bc
 
         def deal(input_coder, output_coder, output_buffer, index, records):
-            return epoch_tasks.round_robin_shuffle(
+            return shuffles.round_robin_shuffle(
                 plan_bc, input_coder, output_coder, output_buffer, index, records)
 
         return reshuffled(self._buffer(buffer_id, stage_rdds), stage, self.num_partitions, deal)
@@ -399,8 +398,7 @@ class StreamingDriver:
         return self.sc.parallelize(records, 1)
 
     def _buffer(self, buffer_id: bytes, stage_rdds: dict[str, RDD | None]) -> RDD:
-        producers = [stage_rdds[s.name] for s in self.plan.producers(buffer_id)]
-        return flattened(self.sc, [rdd for rdd in producers if rdd is not None], buffer_id)
+        return buffer_rdd(self.sc, self.plan, stage_rdds, buffer_id)
 
     def _test_stream_events(self) -> dict[str, object]:
         context = self.plan.execution_context.pipeline_context
@@ -418,11 +416,11 @@ class StreamingDriver:
 
 def _dealt_fn(num_partitions: int, tag: str):
     def deal(index, records):
-        return epoch_tasks.dealt_chunks(num_partitions, tag, index, records)
+        return shuffles.dealt_chunks(num_partitions, tag, index, records)
     return deal
 
 
 def _keyed_shuffle_fn(plan_bc, coder_id: str, key_coder_id: str, tag: str):
     def shuffle(records):
-        return epoch_tasks.keyed_shuffle(plan_bc, coder_id, key_coder_id, tag, records)
+        return shuffles.keyed_shuffle(plan_bc, coder_id, key_coder_id, tag, records)
     return shuffle
