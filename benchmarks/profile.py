@@ -28,8 +28,10 @@ import sys
 # innermost two frames count); the first matching category wins.
 CATEGORIES = {
     'NEXMark generator (shared by every runner)': (('@generator.py', '@java_random.py'), False),
-    "runner's GroupByKey (reduce side)": (('on_input_watermark @group_by_key.py',
-                                           'on_watermark @group_by_key.py'), False),
+    "runner's GroupByKey (reduce side)": (('advance @group_by_key.py',
+                                           'advance @streaming_group_by_key.py',
+                                           'process_bundle @streaming_group_by_key.py'),
+                                          False),
     "Beam's SDK harness (user DoFns, coders)": (('process_bundle @bundle_processor.py',), False),
     'imports': (('_find_and_load @<frozen importlib._bootstrap>',), False),
     'PySpark (de)serialization and socket I/O': (('@serializers.py', '@worker_util.py',

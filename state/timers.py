@@ -133,9 +133,14 @@ class TimerQueue:
         return due
 
     # Versioned partition state -------------------------------------------------------
-    def track_changes(self) -> None:
-        """Starts (or restarts) recording which keys' timers change; forgets the record."""
-        self._changed = set()
+    def track_changes(self, into: set | None = None) -> None:
+        """Starts (or restarts) recording which keys' timers change, in `into` (a set the
+        owner shares with its other structures) or a new set; forgets the record."""
+        self._changed = set() if into is None else into
+
+    def keys(self):
+        """The keys with pending timers (a view)."""
+        return self._ids_by_key.keys()
 
     def take_changed(self) -> set[Hashable]:
         """The keys whose timers were set, cleared or fired since `track_changes` or the

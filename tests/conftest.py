@@ -15,7 +15,8 @@
 * `streaming_stage(p, select)` (module fixture): the worker runtime and the one
   stage `select` picks of pipeline `p`, planned for streaming, to drive a
   stage's operators directly; `stateful_stage(p)` (module fixture): for the
-  stateful stage of `p`, an operator factory and an encoder of its keyed input.
+  stateful stage of `p`, an operator factory (`make(state=None)`: a streaming
+  operator over a keyed-state backend) and an encoder of its keyed input.
 * Test modules under `tests/` are pickled by value (not by reference), so the
   DoFns and functions they define at module level can be unpickled in Spark's
   Python workers, which cannot import the test modules.
@@ -43,7 +44,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner.driver.lineage import worker_plan
 from beam_streams_runner.driver.plan import build_plan
+from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
+from beam_streams_runner.translators.read import ReadInEpochs
 
 SPARK_ARGS = ['--spark_master=local[2]']
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -273,9 +277,13 @@ def streaming_stage():
 
 @pytest.fixture(scope='module')
 def stateful_stage(streaming_stage):
-    """`operators(p) -> (make, encode)`: make a streaming FusedStageOperator of the
-    stateful stage of `p`; encode `(key, value, t)` elements in 10 s fixed windows
-    as its keyed input records."""
+    """`operators(p) -> (make, encode)` for the stateful stage of `p`.
+
+    `make(state=None)` builds a FusedStageOperator of the stage as a streaming epoch
+    does (bundles of 100, sources read in epochs) over the keyed-state backend
+    `state`, a fresh `KeyedStateBackend(track_changes=True)` if None (a test restores
+    a backend, or takes its deltas, through the backend itself); `encode` turns
+    `(key, value, t)` elements in 10 s fixed windows into its keyed input records."""
     return lambda p: _fused_operators(*streaming_stage(p, lambda s: s.stateful))
 
 
@@ -283,8 +291,11 @@ def _fused_operators(runtime, stage) -> tuple[Callable, Callable]:
     (input_id, _), = stage.inputs.items()
     coder = runtime.coder_impl(stage.input_coders[input_id])
 
-    def make() -> FusedStageOperator:
-        return FusedStageOperator(runtime, stage, {}, 100, streaming=True)
+    def make(state: KeyedStateBackend | None = None) -> FusedStageOperator:
+        if state is None:
+            state = KeyedStateBackend(track_changes=True)
+        return FusedStageOperator(runtime, stage, OperatorServices(
+            bundle_size=100, state=state, source=ReadInEpochs(0)))
 
     def encode(elements) -> list[tuple[str, bytes]]:
         if not elements:

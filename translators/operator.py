@@ -1,76 +1,90 @@
 """The operator contract shared by the batch and streaming drivers (design section 4).
 
-An operator partition receives, in order, bundles and punctuations:
+An operator partition receives, in order, bundles and the advances of its input
+watermark and processing time:
 
 * `process_bundle(bundle)`: a bundle is a list of `(input id, chunk)` pairs,
   chunks of Beam-encoded windowed values (see `records`). It returns the
   output records `(buffer id, chunk)`.
-* `on_watermark(channel, watermark)`: the input watermark of the operator is the
-  minimum over its input channels (every upstream partition of every input is a
-  channel). When it advances, the operator fires due timers and windows in
-  timestamp order, garbage-collects expired keyed state, and returns its output
-  records; `output_watermark()` then tells what it may promise downstream:
-  min(input watermark, its holds).
+* `advance(watermark, processing_time)`: the input watermark (the minimum over
+  the partition's input channels, which `worker.watermarks.PartitionWatermarks`
+  owns) reached `watermark`, and the clock `processing_time` (None: the clock
+  is not driven, as in batch, where the input's end runs processing time out
+  too). The operator fires due timers and windows in timestamp order,
+  garbage-collects expired keyed state, and returns its output records;
+  `hold()` then tells how far its state holds the output watermark back.
+* `finish_task()`: the end of the partition's run (the task in batch, the epoch
+  in streaming).
 
-The batch driver sends, per partition, the bundles of every channel and then the
-watermark +inf on every channel; the streaming driver sends them epoch by epoch.
-Operators never ask which driver runs them. Consistent-region markers
-(`on_marker` and the StateHandler hooks of IBM Streams) join this contract with
-the consistent-region issue.
+What an operator needs from the runtime it is handed (`OperatorServices`), as
+Flink hands its operators their keyed-state backend and timer service: the
+keyed-state backend of its partition (stateful operators), the side inputs it
+reads, how a stage reading a source reads on (`translators.read`), where it
+counts elements for streaming progress. Operators never ask which driver runs
+them. Consistent-region markers (`on_marker` and the StateHandler hooks of IBM
+Streams) join this contract with the consistent-region issue; the backend's
+snapshot and restore are their checkpoint.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable, Iterable
+import dataclasses
+from collections.abc import Callable, Mapping
 
-from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Record
+from beam_streams_runner.records import MAX_WATERMARK, Record
+from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.translators.read import ReadToEnd, SourcePolicy
+from beam_streams_runner.worker.element_counts import CountedOutput
 
 Bundle = list[tuple[str, bytes]]
 
 
-class ChannelWatermarks:
-    """One watermark per input channel; the input watermark is their minimum."""
+def _never(key: bytes) -> bool:
+    return False
 
-    def __init__(self, channels: Iterable[Hashable]) -> None:
-        self._by_channel = {channel: MIN_WATERMARK for channel in channels}
 
-    def advance(self, channel: Hashable, watermark: int) -> bool:
-        """Records `watermark` on `channel`; True if the minimum moved."""
-        before = self.current()
-        if watermark > self._by_channel.get(channel, MIN_WATERMARK):
-            self._by_channel[channel] = watermark
-        return self.current() > before
+@dataclasses.dataclass
+class OperatorServices:
+    """What the runtime hands an operator partition."""
 
-    def current(self) -> int:
-        return min(self._by_channel.values()) if self._by_channel else MAX_WATERMARK
+    bundle_size: int = 0
+    # The partition's keyed state (stateful ParDo: user state and timers).
+    state: KeyedStateBackend | None = None
+    side_inputs: Mapping[bytes, bytes] = dataclasses.field(default_factory=dict)
+    # How a stage reading a source reads on (batch: to the end; streaming: per epoch).
+    source: SourcePolicy = dataclasses.field(default_factory=ReadToEnd)
+    # Streaming progress: the outputs whose elements to count, and where.
+    counted: tuple[CountedOutput, ...] = ()
+    element_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Keys whose state must stay (they have pushed-back elements in a side-input gate).
+    pinned: Callable[[bytes], bool] = _never
+    # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
+    keyed_state_gc: bool = True
 
 
 class Operator(abc.ABC):
     """One partition of a Beam primitive (or of a fused chain of them)."""
 
-    def __init__(self, channels: Iterable[Hashable]) -> None:
-        self.watermarks = ChannelWatermarks(channels)
-
     @abc.abstractmethod
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         """Processes one bundle; returns its outputs."""
 
-    def on_watermark(self, channel: Hashable, watermark: int) -> list[Record]:
-        """Advances one input channel; fires what became due."""
-        if self.watermarks.advance(channel, watermark):
-            return self.on_input_watermark(self.watermarks.current())
+    def advance(self, watermark: int, processing_time: int | None = None) -> list[Record]:
+        """The input watermark reached `watermark` (and the clock `processing_time`):
+        fires what became due."""
         return []
 
-    def on_input_watermark(self, watermark: int) -> list[Record]:
-        """Called when the input watermark (minimum over channels) advances."""
-        return []
+    def hold(self) -> int:
+        """How far the operator's state holds its output watermark (MAX_WATERMARK: not)."""
+        return MAX_WATERMARK
+
+    def next_processing_time(self) -> int | None:
+        """When the operator's earliest processing-time timer fires, or None."""
+        return None
 
     def finish_task(self) -> list[Record]:
         """The end of this partition's run (the task in batch, the epoch in streaming):
         returns what the operator held over the run's bundles for the runner's own
         sake (partial combines), which must not outlive it."""
         return []
-
-    def output_watermark(self) -> int:
-        return self.watermarks.current()

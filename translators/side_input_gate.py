@@ -17,18 +17,17 @@ the SDK harness supplies). This is what makes file sinks correct in streaming:
 their finalize step reads all the written shards through a global-window side
 input, which is ready only once the written shards are complete.
 
-Versioned state (design section 8) is per pushed-back pair, not the graph. In
-the gate every graph element is one (element, main window) pair, numbered by a
-gate sequence number `seq` (monotonic, persisted) that its payload carries, so
-released payloads tell which pair went. `state_delta` writes, under
-b'e' + seq (8 big-endian bytes), each pair pushed back since the last call (a
-pair pushed back and released in the same interval is neither written nor
-deleted), deletes the key of each persisted pair released since, and writes
-b'w' (every side input's watermark, the gated inputs and the next seq) only
-when it changed. `restore_state` sets the side watermarks on the empty graph,
-then re-adds the pairs in seq order: the graph then holds the same pairs in the
-same relative order, so releases, holds, pinned keys and sizes are as before.
-Persisting the whole graph as one pickled value instead made every epoch cost
+Its state lives in the partition's keyed-state backend (design sections 7 and
+8), one value per pushed-back (element, main window) pair: the key is the pair's
+gate sequence number `seq` (8 big-endian bytes, monotonic), the value what adding
+it again needs (main input, encoded element, timestamp, user key, and per side
+input in sorted order its side window and that window's max timestamp). The
+side watermarks, gated inputs and next seq are the backend's partition value
+`gate`. The graph is an index over those values (`KeyedStateBackend.derived`):
+kept while the backend lives in a worker, rebuilt from the values, in seq order,
+when a task lands in another worker, so releases, holds, pinned keys and sizes
+are as before. A pair pushed back and released within one epoch is never
+written. Persisting the whole graph as one value instead made every epoch cost
 the whole backlog: NEXMark Q7 streaming at 100k events had 86k pushed-back
 elements after 12 epochs, each commit pickled all of them (2.3 s) and each task
 landing in another Python worker unpickled all of them (1.2 s).
@@ -37,7 +36,6 @@ landing in another Python worker unpickled all of them (1.2 s).
 from __future__ import annotations
 
 import collections
-import pickle
 import struct
 from collections.abc import Mapping
 
@@ -53,12 +51,13 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.errors import StreamsSparkRunnerError, UnsupportedFeatureError
 from beam_streams_runner.records import MAX_WATERMARK, Record, decode_with_raw
+from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.pending_states_graph import PendingStatesGraph
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
-_ELEMENT = b'e'  # + seq: one pushed-back (element, main window) pair
-_WATERMARKS = b'w'  # the side watermarks, the gated inputs and the next seq
+PAIR = 'pair'  # the namespace of a pushed-back pair's value (its key: the seq)
+GATE = 'gate'  # the partition value: side watermarks, gated inputs, next seq
 _SEQ = struct.Struct('>Q')
 
 
@@ -69,9 +68,11 @@ class CorruptGateStateError(StreamsSparkRunnerError):
 class SideInputGate:
     """The pushed-back main-input elements of one partition of a streaming stage."""
 
-    def __init__(self, runtime: WorkerRuntime, stage: StagePlan) -> None:
+    def __init__(self, runtime: WorkerRuntime, stage: StagePlan,
+                 state: KeyedStateBackend) -> None:
         self._runtime = runtime
         self._stage = stage
+        self._state = state
         self._sides: dict[SideInputId, tuple] = {}  # -> (window mapping fn, window coder)
         self.gated_inputs = self._find_sides()
         # Side inputs in sorted order, which every process agrees on: a persisted pair
@@ -80,14 +81,8 @@ class SideInputGate:
         self._side_ids = list(self._sides)
         self._input_ids = sorted(self.gated_inputs)
         self._input_index = {input_id: i for i, input_id in enumerate(self._input_ids)}
-        self.graph = PendingStatesGraph(self._sides)
-        self._next_seq = 0
-        # Changes since the last state_delta: the pairs pushed back (seq -> what
-        # restore_state needs to add it again), the persisted pairs released, and
-        # whether the b'w' value changed.
-        self._pushed_back: dict[int, tuple] = {}
-        self._released: set[int] = set()
-        self._watermarks_dirty = False
+        self._next_seq = state.get_meta(GATE, ((), (), 0))[2]
+        self.graph: PendingStatesGraph = state.derived('pending_states_graph', self._rebuild)
 
     def _find_sides(self) -> set[str]:
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self._stage.descriptor)
@@ -152,22 +147,25 @@ class SideInputGate:
                     runnable.write(single)
                 else:
                     self._next_seq += 1
-                    self._pushed_back[seq] = (
-                        input_id, single, value.timestamp.micros, key, requests)
-                    self._watermarks_dirty = True  # the next seq is in b'w'
+                    self._state.put(_SEQ.pack(seq), PAIR, (
+                        self._input_index[input_id], single, value.timestamp.micros, key,
+                        *(part for _, side_window, max_timestamp in requests
+                          for part in (side_window, max_timestamp))))
+                    self._save_meta()
         return runnable.get()
 
     # Side watermarks (Algorithm 2) ------------------------------------------------------
     def on_side_watermarks(self, watermarks: Mapping[SideInputId, int]) -> list[Record]:
         """The pushed-back elements the new side watermarks release, as stage input."""
         released: dict[str, list[bytes]] = collections.defaultdict(list)
+        moved = False
         for side, watermark in watermarks.items():
-            if watermark > self.graph.side_watermark(side):
-                self._watermarks_dirty = True
+            moved = moved or watermark > self.graph.side_watermark(side)
             for (input_id, encoded, seq), _ in self.graph.on_side_watermark(side, watermark):
                 released[input_id].append(encoded)
-                if self._pushed_back.pop(seq, None) is None:  # persisted: delete it
-                    self._released.add(seq)
+                self._state.delete_key(_SEQ.pack(seq))
+        if moved:
+            self._save_meta()
         return [(input_id, b''.join(parts)) for input_id, parts in released.items()]
 
     def hold(self) -> int:
@@ -175,60 +173,48 @@ class SideInputGate:
         hold = self.graph.min_hold()
         return MAX_WATERMARK if hold is None else hold
 
-    # Versioned state (design section 8): one value per pushed-back pair -----------------
-    def state_delta(self) -> tuple[dict[bytes, bytes], set[bytes]]:
-        """What changed since the last call (see the module docstring); resets the
-        tracking."""
-        input_index = self._input_index
-        # (main input index, encoded element, timestamp, key, then per side input in
-        # sorted order its encoded side window and the window's max timestamp).
-        dirty = {
-            _ELEMENT + _SEQ.pack(seq): pickle.dumps(
-                (input_index[input_id], encoded, timestamp, key,
-                 *(part for _, side_window, max_timestamp in requests
-                   for part in (side_window, max_timestamp))),
-                pickle.HIGHEST_PROTOCOL)
-            for seq, (input_id, encoded, timestamp, key, requests) in self._pushed_back.items()}
-        deleted = {_ELEMENT + _SEQ.pack(seq) for seq in self._released}
-        if self._watermarks_dirty:
-            dirty[_WATERMARKS] = pickle.dumps(
-                (tuple((side, self.graph.side_watermark(side)) for side in self._side_ids),
-                 tuple(self._input_ids), self._next_seq), pickle.HIGHEST_PROTOCOL)
-        self._pushed_back = {}
-        self._released = set()
-        self._watermarks_dirty = False
-        return dirty, deleted
+    def pins(self, key: bytes) -> bool:
+        """Whether the user key `key` has pushed-back elements (its state must stay)."""
+        return self.graph.has_pending(key)
 
-    def restore_state(self, state: Mapping[bytes, bytes]) -> None:
-        """Rebuilds the gate from its full state as `state_delta` wrote it (called on a
-        fresh gate, with {} for the initial state); tracks changes from here."""
-        elements = sorted(name for name in state if name[:1] == _ELEMENT)  # seq order
-        if _WATERMARKS not in state:
-            if elements:
+    def sizes(self) -> dict[str, int]:
+        return self.graph.sizes()
+
+    # State in the keyed-state backend (see the module docstring) -----------------------
+    def _save_meta(self) -> None:
+        self._state.put_meta(GATE, (
+            tuple((side, self.graph.side_watermark(side)) for side in self._side_ids),
+            tuple(self._input_ids), self._next_seq))
+
+    def _rebuild(self, state: KeyedStateBackend) -> PendingStatesGraph:
+        """The graph of the pairs `state` holds, added again in seq order under the side
+        watermarks saved with them."""
+        graph = PendingStatesGraph(self._sides)
+        pairs = sorted(state.keys())  # seq order
+        saved = state.get_meta(GATE)
+        if saved is None:
+            if pairs:
                 raise CorruptGateStateError(
-                    f'The side-input gate state has {len(elements)} pushed-back elements '
-                    'but no side watermarks (b"w"): the checkpoint is corrupt.')
-            return
-        watermarks, input_ids, self._next_seq = pickle.loads(state[_WATERMARKS])
+                    f'The side-input gate state has {len(pairs)} pushed-back elements '
+                    'but no side watermarks: the checkpoint is corrupt.')
+            return graph
+        watermarks, input_ids, _ = saved
         sides = [side for side, _ in watermarks]
         if sides != self._side_ids or list(input_ids) != self._input_ids:
             raise CorruptGateStateError(
                 f'The side-input gate state is for side inputs {sides} and main inputs '
                 f'{list(input_ids)}, but the stage reads side inputs {self._side_ids} and '
                 f'main inputs {self._input_ids}.')
-        graph = self.graph
         for side, watermark in watermarks:
             graph.on_side_watermark(side, watermark)  # an empty graph releases nothing
         side_ids = self._side_ids
-        for name in elements:
-            seq = _SEQ.unpack_from(name, len(_ELEMENT))[0]
-            value = pickle.loads(state[name])
+        for name in pairs:
+            seq = _SEQ.unpack(name)[0]
+            value = state.get(name, PAIR)
             if graph.add_element(
                     (input_ids[value[0]], value[1], seq), value[2], value[3],
                     {None: list(zip(side_ids, value[4::2], value[5::2], strict=True))}):
                 raise CorruptGateStateError(
                     f'Pushed-back element {seq} of the side-input gate state is runnable '
                     'under the side watermarks saved with it: the checkpoint is corrupt.')
-        self._pushed_back = {}
-        self._released = set()
-        self._watermarks_dirty = False
+        return graph

@@ -30,6 +30,7 @@ from beam_streams_runner.driver.lineage import (
     worker_plan,
 )
 from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
+from beam_streams_runner.driver.stage_kinds import stage_builder
 from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.translators.impulse import impulse_rdd
@@ -96,10 +97,7 @@ class BatchDriver:
         sc = self.sc
         sc.setLocalProperty('callSite.short', stage.display_name[:200])
         sc.setLocalProperty('callSite.long', stage.display_name)
-        if stage.kind == 'reshuffle':
-            rdd = self._reshuffled(stage)
-        else:
-            rdd = self._sdk_stage(stage)
+        rdd = stage_builder(self, stage.kind, streaming=False)(stage)
         if rdd is not None:
             rdd.setName(stage.display_name[:200])
             if self._uses[stage.name] > 1:

@@ -17,7 +17,7 @@ top of its reading. The driver measures that part after every epoch and gives
 the next one the read budget `target_latency_ms` minus it (at least a quarter
 of the goal), so an element waits about one epoch: its reading, then the rest
 of the job. A source with no backlog hands its restriction back early (see
-`worker.epoch_tasks.read_on`), so under a light load epochs get short and latency low;
+`read.ReadInEpochs.read_on`), so under a light load epochs get short and latency low;
 under a heavy load they get as long as the goal allows and throughput high.
 
 A stage whose inputs all come from finished stages and whose partitions all
@@ -40,6 +40,7 @@ test sees exactly the interleaving it wrote.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import shutil
@@ -66,14 +67,15 @@ from beam_streams_runner.driver.lineage import (
 )
 from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
 from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summary
+from beam_streams_runner.driver.stage_kinds import STAGE_KINDS, stage_builder
 from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.records import MAX_WATERMARK, Punctuation
-from beam_streams_runner.translators.par_do import Residual
+from beam_streams_runner.translators.read import Residual
 from beam_streams_runner.translators.side_inputs import side_input_state
 from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
 from beam_streams_runner.worker import epoch_tasks, shuffles
-from beam_streams_runner.worker.epoch_tasks import (
+from beam_streams_runner.worker.epoch_info import (
     DueResiduals,
     EpochInfo,
     PartitionReport,
@@ -86,6 +88,19 @@ _LOGGER = logging.getLogger(__name__)
 _IDLE_WAIT_S = 1.0  # longest sleep when nothing is due, so cancel() stays prompt
 _MIN_READ_SHARE = 0.25  # the read budget never falls below this share of the latency goal
 _OVERHEAD_SMOOTHING = 0.5  # weight of the newest epoch in the measured fixed cost
+
+
+@dataclasses.dataclass
+class EpochJob:
+    """What building one epoch's stage RDDs shares: the epoch, its broadcast, the
+    residuals due per stage, the TestStream steps, and what was built so far."""
+
+    number: int
+    epoch_bc: Broadcast
+    due: dict[str, list[Residual]]
+    steps: dict[str, TestStreamStep | None]
+    stage_rdds: dict[str, RDD | None] = dataclasses.field(default_factory=dict)
+    collected: dict[bytes, bool] = dataclasses.field(default_factory=dict)  # side buffers
 
 
 class StreamingDriver:
@@ -193,22 +208,13 @@ class StreamingDriver:
             bundle_time_ms=self.bundle_time_ms, read_budget_ms=self.read_budget_ms,
             keyed_state_gc=self.keyed_state_gc))
         started, started_at = time.monotonic(), time.time()
-        stage_rdds: dict[str, RDD | None] = {}
-        collected: dict[bytes, bool] = {}
+        job = EpochJob(epoch, epoch_bc, due, steps)
+        stage_rdds = job.stage_rdds
         try:
             for stage in self.plan.stages:
                 sc.setLocalProperty('callSite.short', stage.display_name[:200])
-                if stage.name in self._finished_stages:
-                    rdd = None
-                elif stage.kind == 'test_stream':
-                    rdd = self._test_stream_rdd(stage, steps.get(stage.name))
-                elif stage.kind == 'reshuffle':
-                    rdd = self._reshuffled(stage, stage_rdds)
-                else:
-                    side_view = (self._side_view(stage, stage_rdds, epoch, collected)
-                                 if stage.side_inputs else None)
-                    rdd = self._sdk_stage(stage, stage_rdds, epoch_bc, epoch,
-                                          due.get(stage.name, []), side_view)
+                rdd = (None if stage.name in self._finished_stages
+                       else stage_builder(self, stage.kind, streaming=True)(stage, job))
                 # No RDD names per epoch: each costs a JVM round trip; the call
                 # site and the job description name the stages and the epoch.
                 if rdd is not None and self._uses[stage.name] > 1:
@@ -258,13 +264,13 @@ class StreamingDriver:
         for (stage_name, _), report in reports.items():
             by_stage[stage_name].append(report)
         for stage in self.plan.stages:  # in topological order: producers first
-            if stage.name in self._finished_stages or stage.kind == 'test_stream':
+            if stage.name in self._finished_stages or not STAGE_KINDS[stage.kind].finishes:
                 continue
             buffers = [*stage.inputs.values(), *(b for b, _ in stage.side_inputs.values())]
             if not all(producer.name in self._finished_stages
                        for buffer_id in buffers for producer in self.plan.producers(buffer_id)):
                 continue
-            if stage.kind != 'reshuffle':
+            if STAGE_KINDS[stage.kind].reports:
                 own = by_stage.get(stage.name)
                 if (not own or self._residuals.get(stage.name)
                         or any(r.output_watermark < MAX_WATERMARK or r.residuals
@@ -294,17 +300,18 @@ class StreamingDriver:
                 and not any(steps.values()))
 
     # Stage RDDs of one epoch -----------------------------------------------------
-    def _side_view(self, stage: StagePlan, stage_rdds: dict[str, RDD | None], epoch: int,
-                   collected: dict[bytes, bool]) -> SideInputsView:
+    def _side_view(self, stage: StagePlan, job: EpochJob) -> SideInputsView:
         """This epoch's side inputs of `stage`: each side buffer is collected by its
         own Spark job (once per epoch, before its readers run), its data added to
         what came before and its watermark taken from its producers' punctuations."""
         changed = False
+        collected = job.collected
         for buffer_id, _ in stage.side_inputs.values():
             if buffer_id not in collected:
                 name = buffer_id.decode('utf-8', 'replace')
-                self.sc.setJobDescription(f'Beam streaming epoch {epoch}: side input {name}')
-                records = self._buffer(buffer_id, stage_rdds).values().collect()
+                self.sc.setJobDescription(
+                    f'Beam streaming epoch {job.number}: side input {name}')
+                records = self._buffer(buffer_id, job.stage_rdds).values().collect()
                 data = [r for r in records if not isinstance(r, Punctuation)]
                 self._side_chunks.setdefault(buffer_id, []).extend(data)
                 self._side_watermarks[buffer_id] = min(
@@ -322,10 +329,11 @@ class StreamingDriver:
             side_input: self._side_watermarks[buffer_id]
             for side_input, (buffer_id, _) in stage.side_inputs.items()})
 
-    def _sdk_stage(self, stage: StagePlan, stage_rdds: dict[str, RDD | None], epoch_bc,
-                   epoch: int, residuals: list[Residual],
-                   side_view: SideInputsView | None) -> RDD:
+    def _sdk_stage(self, stage: StagePlan, job: EpochJob) -> RDD:
         sc = self.sc
+        stage_rdds, epoch_bc, epoch = job.stage_rdds, job.epoch_bc, job.number
+        residuals = job.due.get(stage.name, [])
+        side_view = self._side_view(stage, job) if stage.side_inputs else None
         plan_bc = self._plan_bc
         grouping_input = None
         inputs = []
@@ -377,7 +385,7 @@ class StreamingDriver:
 
         return source.mapPartitionsWithIndex(run_partition)
 
-    def _reshuffled(self, stage: StagePlan, stage_rdds: dict[str, RDD | None]) -> RDD | None:
+    def _reshuffled(self, stage: StagePlan, job: EpochJob) -> RDD | None:
         if not stage.outputs:
             return None
         (_, buffer_id), = stage.inputs.items()
@@ -387,9 +395,11 @@ class StreamingDriver:
             return shuffles.round_robin_shuffle(
                 plan_bc, input_coder, output_coder, output_buffer, index, records)
 
-        return reshuffled(self._buffer(buffer_id, stage_rdds), stage, self.num_partitions, deal)
+        return reshuffled(self._buffer(buffer_id, job.stage_rdds), stage, self.num_partitions,
+                          deal)
 
-    def _test_stream_rdd(self, stage: StagePlan, step: TestStreamStep | None) -> RDD:
+    def _test_stream_rdd(self, stage: StagePlan, job: EpochJob) -> RDD:
+        step = job.steps.get(stage.name)
         records: list = list(step.records) if step is not None else []
         watermarks = step.watermarks if step is not None else {
             buffer: MAX_WATERMARK for buffer in stage.outputs.values()}

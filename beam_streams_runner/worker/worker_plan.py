@@ -11,6 +11,7 @@ import os
 import sys
 
 from beam_streams_runner.driver.plan import StagePlan
+from beam_streams_runner.translators.group_by_key import GroupingCoders
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 
@@ -24,6 +25,17 @@ class GroupingSpec:
     output_coder_id: str
     windowing_strategy_id: str
     step_name: str
+
+    def coders(self, runtime: WorkerRuntime) -> GroupingCoders:
+        return GroupingCoders(
+            input=runtime.coder_impl(self.input_coder_id),
+            output=runtime.coder_impl(self.output_coder_id),
+            key=runtime.coder_impl(self.key_coder_id),
+            value=runtime.coder_impl(self.value_coder_id))
+
+    def windowing(self, runtime: WorkerRuntime):
+        """Beam's `Windowing` of the grouped PCollection."""
+        return runtime.context.windowing_strategies.get_by_id(self.windowing_strategy_id)
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ _RAW = '\n'.join([
     'process_bundle (bundle_processor.py:7);next_event (generator.py:2) 6',
     'process 1:"python -m launcher";process 2:"python3 -m beam_streams_runner.worker.daemon";'
     'manager (daemon.py:1);worker (daemon.py:2);run_stage (batch_tasks.py:5);'
-    'on_input_watermark (group_by_key.py:4) 3',
+    'advance (group_by_key.py:4) 3',
     'process 1:"python -m launcher";process 2:"python3 -m beam_streams_runner.worker.daemon";'
     'manager (daemon.py:1);worker (daemon.py:2);dump_stream (serializers.py:8) 1',
     'process 1:"python -m launcher";process 2:"python3 -m beam_streams_runner.worker.daemon";'

@@ -1,19 +1,30 @@
-"""Unit tests of `KeyedStateIndex` and `KeyedStateStore` (no Spark).
+"""Unit tests of `KeyedStateIndex` and of keyed state in a `KeyedStateBackend` (no Spark).
 
-Both are checked against brute-force models: plain dicts of window sets and of
-cell contents, filtered and sorted the slow way.
+Checked against brute-force models (plain dicts of window sets and of cell
+contents, filtered and sorted the slow way): the expiry index on its own; user
+state cells as Beam's state protocol writes them (`PartitionStateHandler` over a
+backend: bag, ordered-list and multimap cells); expiry by watermark with
+allowed lateness and pinned keys; backends restored lazily, whose keys' values
+stay encoded until first used; the layout of a key's persisted value.
+
+The backend's contract with timers, holds and deltas is `test_backend.py`'s.
 """
 
 from __future__ import annotations
 
+import marshal
 import pickle
 import struct
 
+from apache_beam.coders import coders
+from apache_beam.portability.api import beam_fn_api_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from beam_streams_runner.state.keyed_state import KeyedStateIndex, KeyedStateStore
+from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.keyed_state import KeyedStateIndex
+from beam_streams_runner.state.state_handler import PartitionStateHandler
 
 KEY_POOL = [b'', b'a', b'b', b'ab', b'\x00', b'\xff', b'\xff\xff']
 KEYS = st.sampled_from(KEY_POOL) | st.binary(max_size=3)
@@ -21,8 +32,21 @@ TIMESTAMPS = st.integers(min_value=-10, max_value=10)
 CELLS = st.sampled_from([
     ('t1', 's1', b'w1'), ('t1', 's1', b'w2'), ('t1', 's2', b'w1'), ('t2', 's1', b'w1'),
 ])
+# A cell is the namespace (transform id, state id, window) whatever its kind: a state
+# id is a bag (or combining, set) or an ordered list, never both (Beam's specs).
+ORDERED_CELLS = st.sampled_from([
+    ('t1', 'o1', b'w1'), ('t1', 'o1', b'w2'), ('t1', 'o2', b'w1'), ('t2', 'o1', b'w1'),
+])
 DATA = st.binary(max_size=3)
 SORT_KEYS = st.integers(min_value=-8, max_value=8)
+
+StateKey = beam_fn_api_pb2.StateKey
+ENTRY_CODER = coders.TupleCoder(
+    [coders.VarIntCoder(), coders.LengthPrefixCoder(coders.BytesCoder())]).get_impl()
+
+
+def never_pinned(key: bytes) -> bool:
+    return False
 
 
 def brute_force_candidates(windows, up_to):
@@ -97,7 +121,88 @@ def test_index_candidates_include_long_keys_at_the_boundary():
     assert sorted(index.candidates(5)) == sorted([b'short', long_key])
 
 
-# KeyedStateStore: cells --------------------------------------------------------
+def test_index_records_window_changes_in_its_owners_set():
+    index = KeyedStateIndex()
+    index.add_window(b'before', 1)  # not tracking yet
+    changed: set[bytes] = set()
+    index.track_changes(changed)
+    index.add_window(b'k', 5)
+    index.add_window(b'j', 5)
+    assert changed == {b'k', b'j'}
+    changed.clear()
+    index.add_window(b'k', 5)  # already known: no change
+    index.remove_key(b'never added')
+    index.restore_key(b'r', [3, 1])  # restoring is no change
+    index.restore_keys([(b's', [2])])
+    assert changed == set()
+    index.add_window(b'k', 2)  # a new earliest window
+    index.add_window(b'j', 9)  # a new latest one
+    index.remove_key(b'before')
+    assert changed == {b'k', b'j', b'before'}
+    assert index.windows(b'r') == [1, 3] and index.windows(b'k') == [2, 5]
+
+
+# Cells: Beam's state protocol over a backend -----------------------------------------
+
+def bag_key(key: bytes, cell: tuple) -> StateKey:
+    transform_id, state_id, window = cell
+    return StateKey(bag_user_state=StateKey.BagUserState(
+        transform_id=transform_id, user_state_id=state_id, window=window, key=key))
+
+
+def ordered_key(key: bytes, cell: tuple, start: int | None = None,
+                end: int | None = None) -> StateKey:
+    transform_id, state_id, window = cell
+    state_key = StateKey(ordered_list_user_state=StateKey.OrderedListUserState(
+        transform_id=transform_id, user_state_id=state_id, window=window, key=key))
+    if start is not None:
+        state_key.ordered_list_user_state.range.start = start
+        state_key.ordered_list_user_state.range.end = end
+    return state_key
+
+
+def multimap_key(key: bytes, cell: tuple, map_key: bytes) -> StateKey:
+    transform_id, state_id, window = cell
+    return StateKey(multimap_user_state=StateKey.MultimapUserState(
+        transform_id=transform_id, user_state_id=state_id, window=window, key=key,
+        map_key=map_key))
+
+
+def multimap_keys_key(key: bytes, cell: tuple) -> StateKey:
+    transform_id, state_id, window = cell
+    return StateKey(multimap_keys_user_state=StateKey.MultimapKeysUserState(
+        transform_id=transform_id, user_state_id=state_id, window=window, key=key))
+
+
+class Cells:
+    """Bag and ordered-list cells of a backend, through a `PartitionStateHandler`."""
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self.backend = backend
+        self.handler = PartitionStateHandler(backend)
+
+    def append(self, key, cell, data):
+        self.handler.append_raw(bag_key(key, cell), data)
+
+    def clear(self, key, cell):
+        self.handler.clear(bag_key(key, cell))
+
+    def get(self, key, cell) -> bytes:
+        data, token = self.handler.get_raw(bag_key(key, cell))
+        assert token is None
+        return data
+
+    def ordered_add(self, key, cell, sort_key, data):
+        self.handler.append_raw(ordered_key(key, cell), ENTRY_CODER.encode((sort_key, data)))
+
+    def ordered_range(self, key, cell, start, end) -> list[bytes]:
+        data, token = self.handler.get_raw(ordered_key(key, cell, start, end))
+        assert token is None
+        return [value for _, value in ENTRY_CODER.decode_all(data)]
+
+    def ordered_clear(self, key, cell, start, end):
+        self.handler.clear(ordered_key(key, cell, start, end))
+
 
 class StoreModel:
     def __init__(self):
@@ -129,46 +234,47 @@ class StoreModel:
         return deleted
 
 
-class KeyedStateStoreMachine(RuleBasedStateMachine):
+class KeyedCellsMachine(RuleBasedStateMachine):
     """Random bag, ordered-list, window and expiry operations against `StoreModel`."""
 
     def __init__(self):
         super().__init__()
-        self.store = KeyedStateStore()
+        self.backend = KeyedStateBackend()
+        self.cells = Cells(self.backend)
         self.model = StoreModel()
 
     @rule(key=KEYS, cell=CELLS, data=DATA)
     def append(self, key, cell, data):
-        self.store.append(key, cell, data)
+        self.cells.append(key, cell, data)
         self.model.bags.setdefault((key, cell), []).append(data)
 
     @rule(key=KEYS, cell=CELLS)
     def clear(self, key, cell):
-        self.store.clear(key, cell)
+        self.cells.clear(key, cell)
         self.model.bags.pop((key, cell), None)
 
     @rule(key=KEYS, cell=CELLS)
     def get(self, key, cell):
-        assert self.store.get(key, cell) == self.model.bags.get((key, cell), [])
+        assert self.cells.get(key, cell) == b''.join(self.model.bags.get((key, cell), []))
 
-    @rule(key=KEYS, cell=CELLS, sort_key=SORT_KEYS, data=DATA)
+    @rule(key=KEYS, cell=ORDERED_CELLS, sort_key=SORT_KEYS, data=DATA)
     def ordered_add(self, key, cell, sort_key, data):
-        self.store.ordered_add(key, cell, sort_key, data)
+        self.cells.ordered_add(key, cell, sort_key, data)
         self.model.ordered.setdefault((key, cell), []).append((sort_key, data))
 
-    @rule(key=KEYS, cell=CELLS, start=SORT_KEYS, end=SORT_KEYS)
+    @rule(key=KEYS, cell=ORDERED_CELLS, start=SORT_KEYS, end=SORT_KEYS)
     def ordered_range(self, key, cell, start, end):
-        assert (self.store.ordered_range(key, cell, start, end)
+        assert (self.cells.ordered_range(key, cell, start, end)
                 == self.model.ordered_range(key, cell, start, end))
 
-    @rule(key=KEYS, cell=CELLS, start=SORT_KEYS, end=SORT_KEYS)
+    @rule(key=KEYS, cell=ORDERED_CELLS, start=SORT_KEYS, end=SORT_KEYS)
     def ordered_clear(self, key, cell, start, end):
-        self.store.ordered_clear(key, cell, start, end)
+        self.cells.ordered_clear(key, cell, start, end)
         self.model.ordered_clear(key, cell, start, end)
 
     @rule(key=KEYS, ts=TIMESTAMPS)
     def add_window(self, key, ts):
-        self.store.index.add_window(key, ts)
+        self.backend.add_window(key, ts)
         self.model.windows.setdefault(key, set()).add(ts)
 
     @rule(
@@ -177,30 +283,30 @@ class KeyedStateStoreMachine(RuleBasedStateMachine):
         pinned=st.sets(KEYS, max_size=3),
     )
     def expire(self, watermark, allowed_lateness, pinned):
-        keys_before = self.store.keys()
-        deleted = self.store.expire(watermark, allowed_lateness, lambda key: key in pinned)
+        keys_before = self.backend.keys()
+        deleted = self.backend.expire(watermark, allowed_lateness, lambda key: key in pinned)
         assert len(deleted) == len(set(deleted))
         assert set(deleted) == self.model.expire(watermark, allowed_lateness, pinned)
-        assert self.store.keys() == keys_before - set(deleted)
+        assert self.backend.keys() == keys_before - set(deleted)
 
     @invariant()
     def agrees_with_model(self):
-        assert self.store.keys() == self.model.keys()
-        assert len(self.store) == len(self.model.keys())
-        assert self.store.live_keys() == len(self.model.keys() | set(self.model.windows))
-        assert len(self.store.index) == len(self.model.windows)
-        for key in self.store.keys() | set(self.model.windows):
+        backend = self.backend
+        assert backend.keys() == self.model.keys()
+        assert backend.live_keys() == len(self.model.keys() | set(self.model.windows))
+        assert len(backend.expiry) == len(self.model.windows)
+        for key in backend.keys() | set(self.model.windows):
             ws = self.model.windows.get(key)
-            assert self.store.index.latest_window(key) == (max(ws) if ws else None)
-        assert (set(self.store.index.candidates(100))
+            assert backend.expiry.latest_window(key) == (max(ws) if ws else None)
+        assert (set(backend.expiry.candidates(100))
                 == brute_force_candidates(self.model.windows, 100))
         for (key, cell), chunks in self.model.bags.items():
-            assert self.store.get(key, cell) == chunks
+            assert backend.get(key, cell) == chunks  # one cell: the chunks as appended
 
 
-KeyedStateStoreMachine.TestCase.settings = settings(
+KeyedCellsMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None)
-TestKeyedStateStoreStateful = KeyedStateStoreMachine.TestCase
+TestKeyedCellsStateful = KeyedCellsMachine.TestCase
 
 
 @settings(max_examples=100, deadline=None)
@@ -210,20 +316,74 @@ TestKeyedStateStoreStateful = KeyedStateStoreMachine.TestCase
     end=SORT_KEYS,
 )
 def test_ordered_range_is_half_open_and_sorted(entries, start, end):
-    store = KeyedStateStore()
+    cells = Cells(KeyedStateBackend())
     cell = ('t', 's', b'w')
     for sort_key, data in entries:
-        store.ordered_add(b'k', cell, sort_key, data)
+        cells.ordered_add(b'k', cell, sort_key, data)
     expected = [d for s, d in sorted(entries, key=lambda e: e[0]) if start <= s < end]
-    assert store.ordered_range(b'k', cell, start, end) == expected
-    store.ordered_clear(b'k', cell, start, end)
+    assert cells.ordered_range(b'k', cell, start, end) == expected
+    cells.ordered_clear(b'k', cell, start, end)
     remaining = [d for s, d in sorted(entries, key=lambda e: e[0]) if not start <= s < end]
-    assert store.ordered_range(b'k', cell, -100, 100) == remaining
-    keys = store.keys()
-    assert (b'k' in keys) == bool(remaining)
+    assert cells.ordered_range(b'k', cell, -100, 100) == remaining
+    assert (b'k' in cells.backend.keys()) == bool(remaining)
 
 
-# KeyedStateStore: expiry ---------------------------------------------------------
+def test_ordered_list_same_sort_key_keeps_insertion_order():
+    cells = Cells(KeyedStateBackend())
+    cell = ('t', 's', b'w')
+    cells.ordered_add(b'k', cell, 5, b'x')
+    cells.ordered_add(b'k', cell, 1, b'y')
+    cells.ordered_add(b'k', cell, 5, b'z')
+    assert cells.ordered_range(b'k', cell, 0, 10) == [b'y', b'x', b'z']
+    assert cells.ordered_range(b'k', cell, 1, 5) == [b'y']
+    assert cells.ordered_range(b'k', cell, 5, 5) == []
+    # The cell is one value of the key: sort key -> encoded entries.
+    assert dict(cells.backend.get(b'k', cell)) == {
+        1: [ENTRY_CODER.encode((1, b'y'))],
+        5: [ENTRY_CODER.encode((5, b'x')), ENTRY_CODER.encode((5, b'z'))]}
+    cells.ordered_clear(b'k', cell, 5, 6)
+    assert cells.ordered_range(b'k', cell, 0, 10) == [b'y']
+
+
+def test_bag_cells_are_independent_and_clear_empties_the_key():
+    cells = Cells(KeyedStateBackend())
+    cells.append(b'k', ('t', 's1', b'w'), b'a')
+    cells.append(b'k', ('t', 's1', b'w'), b'b')
+    cells.append(b'k', ('t', 's2', b'w'), b'c')
+    cells.append(b'j', ('t', 's1', b'w'), b'd')
+    assert cells.backend.get(b'k', ('t', 's1', b'w')) == [b'a', b'b']
+    assert cells.get(b'k', ('t', 's1', b'w')) == b'ab'
+    assert cells.get(b'k', ('t', 's2', b'w')) == b'c'
+    assert cells.get(b'k', ('t', 's1', b'other window')) == b''
+    assert cells.backend.keys() == {b'k', b'j'}
+    assert sorted(cells.backend.namespaces(b'k')) == [('t', 's1', b'w'), ('t', 's2', b'w')]
+    cells.clear(b'k', ('t', 's1', b'w'))
+    cells.clear(b'k', ('t', 's2', b'w'))
+    cells.clear(b'absent', ('t', 's1', b'w'))
+    assert cells.backend.keys() == {b'j'} and cells.backend.namespaces(b'k') == []
+
+
+def test_multimap_keys_list_only_the_map_keys_of_their_cell():
+    backend = KeyedStateBackend()
+    handler = PartitionStateHandler(backend)
+    cell = ('t', 's', b'w')
+    handler.append_raw(multimap_key(b'k', cell, b'm1'), b'1')
+    handler.append_raw(multimap_key(b'k', cell, b'm2'), b'2')
+    handler.append_raw(multimap_key(b'k', ('t', 'other', b'w'), b'm3'), b'3')
+    handler.append_raw(bag_key(b'k', cell), b'a bag of the same id')
+    # A multimap entry is the namespace cell + (map key,).
+    assert sorted(backend.namespaces(b'k'), key=repr) == sorted([
+        ('t', 's', b'w'), ('t', 's', b'w', b'm1'), ('t', 's', b'w', b'm2'),
+        ('t', 'other', b'w', b'm3')], key=repr)
+    keys, _ = handler.get_raw(multimap_keys_key(b'k', cell))
+    assert sorted([keys[:2], keys[2:]]) == [b'm1', b'm2']
+    assert handler.get_raw(multimap_keys_key(b'absent', cell)) == (b'', None)
+    handler.clear(multimap_keys_key(b'k', cell))
+    assert sorted(backend.namespaces(b'k'), key=repr) == sorted(
+        [('t', 's', b'w'), ('t', 'other', b'w', b'm3')], key=repr)
+
+
+# Expiry -----------------------------------------------------------------------------
 
 key_windows = st.dictionaries(
     st.binary(max_size=2), st.sets(TIMESTAMPS, min_size=1, max_size=4), max_size=10)
@@ -239,187 +399,175 @@ key_windows = st.dictionaries(
 )
 def test_expire_deletes_exactly_the_expired_unpinned_keys(
         windows, stateless_keys, pinned, watermark, allowed_lateness):
-    store = KeyedStateStore()
+    backend = KeyedStateBackend()
+    cells = Cells(backend)
     cell = ('t', 's', b'w')
     for key, ws in windows.items():
-        store.append(key, cell, b'v')
-        store.ordered_add(key, cell, 0, b'o')
+        cells.append(key, cell, b'v')
+        cells.ordered_add(key, ('t', 'o', b'w'), 0, b'o')
         for ts in ws:
-            store.index.add_window(key, ts)
+            backend.add_window(key, ts)
     for key in stateless_keys:  # state, but no window in the index: never expired
-        store.append(key, cell, b'v')
+        cells.append(key, cell, b'v')
 
-    deleted = store.expire(watermark, allowed_lateness, lambda key: key in pinned)
+    deleted = backend.expire(watermark, allowed_lateness, lambda key: key in pinned)
 
     expected = {
         key for key, ws in windows.items()
         if max(ws) + allowed_lateness < watermark and key not in pinned
     }
     assert set(deleted) == expected and len(deleted) == len(expected)
-    assert store.keys() == (set(windows) | stateless_keys) - expected
+    assert backend.keys() == (set(windows) | stateless_keys) - expected
     for key in expected:
-        assert store.get(key, cell) == []
-        assert store.ordered_range(key, cell, -100, 100) == []
-        assert store.index.latest_window(key) is None
+        assert cells.get(key, cell) == b''
+        assert cells.ordered_range(key, ('t', 'o', b'w'), -100, 100) == []
+        assert backend.expiry.latest_window(key) is None
+        assert key not in backend.all_keys()
     surviving = {key: ws for key, ws in windows.items() if key not in expected}
-    assert set(store.index.candidates(100)) == set(surviving)
-    assert len(store.index) == len(surviving)
+    assert set(backend.expiry.candidates(100)) == set(surviving)
+    assert len(backend.expiry) == len(surviving)
     for key, ws in surviving.items():
-        assert store.index.latest_window(key) == max(ws)
-        assert store.get(key, cell) == [b'v']
+        assert backend.expiry.latest_window(key) == max(ws)
+        assert cells.get(key, cell) == b'v'
 
 
 def test_expire_waits_for_the_latest_window_and_allowed_lateness():
-    store = KeyedStateStore()
-    cell = ('t', 's', b'w')
-    store.append(b'k', cell, b'v')
-    store.index.add_window(b'k', 10)
-    store.index.add_window(b'k', 20)  # the key also holds a later window
-    assert store.expire(watermark=15, allowed_lateness=0, is_pinned=lambda k: False) == []
+    backend = KeyedStateBackend()
+    backend.put(b'k', ('t', 's', b'w'), [b'v'])
+    backend.add_window(b'k', 10)
+    backend.add_window(b'k', 20)  # the key also holds a later window
+    assert backend.expire(watermark=15, allowed_lateness=0, is_pinned=never_pinned) == []
     # latest + lateness == watermark is not yet past it
-    assert store.expire(watermark=25, allowed_lateness=5, is_pinned=lambda k: False) == []
-    assert store.expire(watermark=26, allowed_lateness=5, is_pinned=lambda k: True) == []
-    assert store.keys() == {b'k'}
-    assert store.expire(watermark=26, allowed_lateness=5, is_pinned=lambda k: False) == [b'k']
-    assert store.keys() == set() and len(store) == 0
-    assert store.index.candidates(10**9) == []
+    assert backend.expire(watermark=25, allowed_lateness=5, is_pinned=never_pinned) == []
+    assert backend.expire(watermark=26, allowed_lateness=5, is_pinned=lambda k: True) == []
+    assert backend.keys() == {b'k'}
+    assert backend.expire(watermark=26, allowed_lateness=5) == [b'k']  # none pinned
+    assert backend.keys() == set() and backend.live_keys() == 0
+    assert backend.expiry.candidates(10**9) == []
 
 
-def test_bag_cells_are_independent_and_clear_empties_the_key():
-    store = KeyedStateStore()
-    store.append(b'k', ('t', 's1', b'w'), b'a')
-    store.append(b'k', ('t', 's1', b'w'), b'b')
-    store.append(b'k', ('t', 's2', b'w'), b'c')
-    store.append(b'j', ('t', 's1', b'w'), b'd')
-    assert store.get(b'k', ('t', 's1', b'w')) == [b'a', b'b']
-    assert store.get(b'k', ('t', 's2', b'w')) == [b'c']
-    assert store.get(b'k', ('t', 's1', b'other window')) == []
-    assert store.keys() == {b'k', b'j'}
-    store.clear(b'k', ('t', 's1', b'w'))
-    store.clear(b'k', ('t', 's2', b'w'))
-    store.clear(b'absent', ('t', 's1', b'w'))
-    assert store.keys() == {b'j'} and len(store) == 1
+def test_live_keys_count_keys_whose_cleared_windows_are_not_collected_yet():
+    backend = KeyedStateBackend()
+    cells = Cells(backend)
+    cells.append(b'a', ('t', 's', b'w'), b'x')
+    backend.add_window(b'a', 10)
+    cells.append(b'b', ('t', 's', b'w'), b'y')  # no window: never expired
+    backend.add_window(b'c', 10)  # windows only
+    assert backend.keys() == {b'a', b'b'} and backend.live_keys() == 3
+    cells.clear(b'a', ('t', 's', b'w'))  # the DoFn cleared its state
+    assert backend.keys() == {b'b'} and backend.live_keys() == 3
+    assert sorted(backend.expire(11, 0, never_pinned)) == [b'a', b'c']
+    assert backend.live_keys() == 1
 
 
-def test_cells_with_prefix_lists_the_map_keys_of_a_cell():
-    store = KeyedStateStore()
-    store.append(b'k', ('t', 's', b'w', b'm1'), b'1')
-    store.append(b'k', ('t', 's', b'w', b'm2'), b'2')
-    store.append(b'k', ('t', 'other', b'w', b'm3'), b'3')
-    assert sorted(store.cells_with_prefix(b'k', ('t', 's', b'w'))) == [
-        ('t', 's', b'w', b'm1'), ('t', 's', b'w', b'm2')]
-    assert list(store.cells_with_prefix(b'absent', ('t', 's', b'w'))) == []
-
-
-def test_ordered_list_same_sort_key_keeps_insertion_order():
-    store = KeyedStateStore()
-    cell = ('t', 's', b'w')
-    store.ordered_add(b'k', cell, 5, b'x')
-    store.ordered_add(b'k', cell, 1, b'y')
-    store.ordered_add(b'k', cell, 5, b'z')
-    assert store.ordered_range(b'k', cell, 0, 10) == [b'y', b'x', b'z']
-    assert store.ordered_range(b'k', cell, 1, 5) == [b'y']
-    assert store.ordered_range(b'k', cell, 5, 5) == []
-    store.ordered_clear(b'k', cell, 5, 6)
-    assert store.ordered_range(b'k', cell, 0, 10) == [b'y']
-
-
-# KeyedStateStore: encoded keys, restored eagerly and lazily ----------------------
+# Persisted values, restored lazily ------------------------------------------------
 
 # Few keys, so that operations after a restore keep meeting restored keys.
 FEW_KEYS = st.sampled_from([b'', b'a', b'\xff'])
+_HEADER_LENGTH = struct.Struct('<I')
 
 
-def encoded_store(store: KeyedStateStore) -> dict[bytes, bytes]:
-    """Every key's value as `encode_key` gives it (keys holding nothing left out)."""
-    values = {key: store.encode_key(key) for key in store.keys() | set(store.index.keys())}
-    return {key: value for key, value in values.items() if value is not None}
+def decoded_state(state: dict[bytes, bytes]) -> dict:
+    """A snapshot (or delta) as plain data: each key's header (windows, hold, event and
+    processing timers) and values (pickle codec), and the partition's b'm' value."""
+    out = {}
+    for name, value in state.items():
+        if name == b'm':
+            out[name] = pickle.loads(value)
+            continue
+        (length,) = _HEADER_LENGTH.unpack_from(value)
+        end = _HEADER_LENGTH.size + length
+        body = bytes(value[end:])
+        out[name] = (marshal.loads(bytes(value[_HEADER_LENGTH.size:end])),
+                     dict(pickle.loads(body)) if body else {})
+    return out
 
 
-def decoded_value(value: bytes):
-    """(cells, ordered cells, windows) of an `encode_key` value."""
-    restored = KeyedStateStore()
-    restored.restore_key(b'k', value)
-    return (restored._cells.get(b'k'), restored._ordered.get(b'k'),
-            restored.index.windows(b'k'))
+def touch_every_key(backend: KeyedStateBackend) -> None:
+    """Decodes every restored key (reading is no change)."""
+    for key in backend.keys():
+        backend.namespaces(key)
 
 
 class LazyRestoreMachine(RuleBasedStateMachine):
-    """A store, and the stores restored from its encoding eagerly (`restore_key`) and
-    lazily (`restore_keys`) at random points, take the same random operations and
-    must stay indistinguishable: contents, keys, index, and what they encode."""
+    """A backend, and backends restored from its snapshot at random points (one left
+    lazy, one whose keys were all decoded at once), take the same random state
+    requests and must stay indistinguishable: contents, keys, index, what they
+    encode; and encoding changes nothing. (Restores from the sum of deltas:
+    `test_state_deltas.py`.)"""
 
     def __init__(self):
         super().__init__()
-        self.stores = [KeyedStateStore()]
-        for store in self.stores:
-            store.track_changes()
+        self.backends = [KeyedStateBackend(track_changes=True)]
+
+    def each(self):
+        return [Cells(backend) for backend in self.backends]
 
     @rule(key=FEW_KEYS, cell=CELLS, data=DATA)
     def append(self, key, cell, data):
-        for store in self.stores:
-            store.append(key, cell, data)
+        for cells in self.each():
+            cells.append(key, cell, data)
 
     @rule(key=FEW_KEYS, cell=CELLS)
     def clear(self, key, cell):
-        for store in self.stores:
-            store.clear(key, cell)
+        for cells in self.each():
+            cells.clear(key, cell)
 
-    @rule(key=FEW_KEYS, cell=CELLS, sort_key=SORT_KEYS, data=DATA)
+    @rule(key=FEW_KEYS, cell=ORDERED_CELLS, sort_key=SORT_KEYS, data=DATA)
     def ordered_add(self, key, cell, sort_key, data):
-        for store in self.stores:
-            store.ordered_add(key, cell, sort_key, data)
+        for cells in self.each():
+            cells.ordered_add(key, cell, sort_key, data)
 
-    @rule(key=FEW_KEYS, cell=CELLS, start=SORT_KEYS, end=SORT_KEYS)
+    @rule(key=FEW_KEYS, cell=ORDERED_CELLS, start=SORT_KEYS, end=SORT_KEYS)
     def ordered_clear(self, key, cell, start, end):
-        for store in self.stores:
-            store.ordered_clear(key, cell, start, end)
+        for cells in self.each():
+            cells.ordered_clear(key, cell, start, end)
 
     @rule(key=FEW_KEYS, ts=TIMESTAMPS)
     def add_window(self, key, ts):
-        for store in self.stores:
-            store.index.add_window(key, ts)
+        for backend in self.backends:
+            backend.add_window(key, ts)
 
     @rule(watermark=st.integers(-15, 25), pinned=st.sets(FEW_KEYS, max_size=2))
     def expire(self, watermark, pinned):
-        deleted = [sorted(store.expire(watermark, 1, pinned.__contains__))
-                   for store in self.stores]
+        deleted = [sorted(backend.expire(watermark, 1, pinned.__contains__))
+                   for backend in self.backends]
         assert all(d == deleted[0] for d in deleted)
 
-    @rule(key=FEW_KEYS, cell=CELLS)
-    def read(self, key, cell):
-        seen = [(store.get(key, cell), store.ordered_range(key, cell, -100, 100),
-                 sorted(store.cells_with_prefix(key, cell[:2])))
-                for store in self.stores]
+    @rule(key=FEW_KEYS, cell=CELLS, ordered=ORDERED_CELLS)
+    def read(self, key, cell, ordered):
+        seen = [(cells.get(key, cell), cells.ordered_range(key, ordered, -100, 100),
+                 sorted(cells.backend.namespaces(key)))
+                for cells in self.each()]
         assert all(s == seen[0] for s in seen)
 
     @rule()
     def restore(self):
-        values = encoded_store(self.stores[0])
-        eager, lazy = KeyedStateStore(), KeyedStateStore()
-        for key, value in values.items():
-            eager.restore_key(key, value)
-        lazy.restore_keys(values.items())
-        for store in (eager, lazy):
-            store.track_changes()
-        # Keep at most the live store and the last two restored ones.
-        self.stores = [self.stores[0], eager, lazy]
+        live = self.backends[0]
+        snapshot = live.snapshot()
+        lazy, decoded = (KeyedStateBackend(track_changes=True) for _ in range(2))
+        lazy.restore(snapshot)
+        decoded.restore(snapshot)
+        touch_every_key(decoded)
+        assert not decoded._raw and set(lazy._raw) <= live.keys()
+        # Keep the live backend and the last two restored ones.
+        self.backends = [live, lazy, decoded]
 
     @invariant()
     def indistinguishable(self):
-        live = self.stores[0]
-        changed = [set(store._changed) for store in self.stores]
-        for store in self.stores[1:]:
-            assert store.keys() == live.keys()
-            assert len(store) == len(live)
-            assert store.live_keys() == live.live_keys()
-            assert set(store.index.keys()) == set(live.index.keys())
-            assert sorted(store.index.candidates(100)) == sorted(live.index.candidates(100))
-            assert ({key: decoded_value(value) for key, value in encoded_store(store).items()}
-                    == {key: decoded_value(value)
-                        for key, value in encoded_store(live).items()})
-        for store, before in zip(self.stores, changed, strict=True):
-            assert store._changed == before  # encoding records no change
+        live = self.backends[0]
+        changed = [set(backend._changed) for backend in self.backends]
+        expected = decoded_state(live.snapshot())
+        for backend in self.backends[1:]:
+            assert backend.keys() == live.keys()
+            assert backend.all_keys() == live.all_keys()
+            assert backend.live_keys() == live.live_keys()
+            assert set(backend.expiry.keys()) == set(live.expiry.keys())
+            assert (sorted(backend.expiry.candidates(100))
+                    == sorted(live.expiry.candidates(100)))
+            assert decoded_state(backend.snapshot()) == expected
+        for backend, before in zip(self.backends, changed, strict=True):
+            assert backend._changed == before  # encoding records no change
 
 
 LazyRestoreMachine.TestCase.settings = settings(
@@ -428,52 +576,70 @@ TestLazyRestore = LazyRestoreMachine.TestCase
 
 
 def test_lazily_restored_keys_stay_encoded_until_used():
-    store = KeyedStateStore()
+    backend = KeyedStateBackend()
+    cells = Cells(backend)
     cell = ('t', 's', b'w')
+    ordered = ('t', 'o', b'w')
     for key in (b'a', b'b', b'c'):
-        store.append(key, cell, key * 2)
-        store.ordered_add(key, cell, 3, b'o')
-        store.index.add_window(key, 7)
-    store.index.add_window(b'c', 9)
-    store.index.add_window(b'only-window', 4)
-    values = encoded_store(store)
+        cells.append(key, cell, key * 2)
+        cells.ordered_add(key, ordered, 3, b'o')
+        backend.add_window(key, 7)
+    backend.add_window(b'c', 9)
+    backend.add_window(b'only-window', 4)
+    snapshot = backend.snapshot()
 
-    lazy = KeyedStateStore()
-    lazy.restore_keys(values.items())
-    lazy.track_changes()
+    lazy = KeyedStateBackend()
+    lazy.restore(snapshot)
+    lazy_cells = Cells(lazy)
     # Nothing decoded, but the index is complete and every key counts.
-    assert set(lazy._raw) == {b'a', b'b', b'c'} and not lazy._cells and not lazy._ordered
+    assert set(lazy._raw) == {b'a', b'b', b'c'} and not lazy._values
     assert lazy.keys() == {b'a', b'b', b'c'} and lazy.live_keys() == 4
-    assert sorted(lazy.index.candidates(7)) == [b'a', b'b', b'c', b'only-window']
-    assert lazy.index.windows(b'c') == [7, 9]
-    # An untouched key encodes to the very bytes it was restored from.
-    assert {key: lazy.encode_key(key) for key in values} == values
+    assert b'a' in lazy and b'only-window' not in lazy
+    assert sorted(lazy.expiry.candidates(7)) == [b'a', b'b', b'c', b'only-window']
+    assert lazy.expiry.windows(b'c') == [7, 9]
+    # Untouched keys encode to the very bytes they were restored from.
+    assert lazy.snapshot() == snapshot
     # First use decodes only that key.
-    assert lazy.get(b'b', cell) == [b'bb']
+    assert lazy_cells.get(b'b', cell) == b'bb'
     assert set(lazy._raw) == {b'a', b'c'}
-    lazy.append(b'a', cell, b'x')
+    lazy_cells.append(b'a', cell, b'x')
     assert lazy.get(b'a', cell) == [b'aa', b'x']
-    assert lazy.ordered_range(b'a', cell, 0, 10) == [b'o']
-    assert lazy.take_changed() == {b'a'}
-    # Deleting an undecoded key drops its bytes and reports the change.
+    assert lazy_cells.ordered_range(b'a', ordered, 0, 10) == [b'o']
+    dirty, deleted = lazy.take_delta()
+    assert set(dirty) == {b'ka', b'm'} and deleted == set()
+    # A key changed only in its windows keeps its values encoded.
+    lazy.add_window(b'c', 11)
+    dirty, _ = lazy.take_delta()
+    assert set(dirty) == {b'kc', b'm'} and b'c' in lazy._raw
+    assert decoded_state(dirty)[b'kc'] == (
+        ([7, 9, 11], None, [], []),
+        {cell: [b'cc'], ordered: {3: [ENTRY_CODER.encode((3, b'o'))]}})
+    # Deleting an undecoded key drops its bytes and lists it deleted.
     lazy.delete_key(b'c')
-    assert lazy.keys() == {b'a', b'b'} and lazy.encode_key(b'c') is None
-    assert lazy.take_changed() == {b'c'}
+    assert lazy.keys() == {b'a', b'b'} and b'c' not in lazy._raw
+    dirty, deleted = lazy.take_delta()
+    assert set(dirty) == {b'm'} and deleted == {b'kc'}
 
 
-def test_a_value_unpickles_to_the_cells_and_ends_with_the_windows():
-    store = KeyedStateStore()
-    store.append(b'k', ('t', 's', b'w'), b'v')
-    store.ordered_add(b'k', ('t', 'o', b'w'), 2, b'x')
+def test_a_value_is_its_header_then_the_codecs_encoding_of_its_values():
+    backend = KeyedStateBackend()
+    cells = Cells(backend)
+    cells.append(b'k', ('t', 's', b'w'), b'v')
+    cells.ordered_add(b'k', ('t', 'o', b'w'), 2, b'x')
     for ts in (5, -3, 2**62):
-        store.index.add_window(b'k', ts)
-    value = store.encode_key(b'k')
-    cells, ordered = pickle.loads(value)  # the windows trail the pickle
-    assert cells == [(('t', 's', b'w'), [b'v'])]
-    assert ordered == [(('t', 'o', b'w'), [(2, [b'x'])])]
-    assert value.endswith(struct.pack('<3qI', -3, 5, 2**62, 3))
-    assert decoded_value(value)[2] == [-3, 5, 2**62]
-    # A key holding only windows, and one holding nothing.
-    store.index.add_window(b'bare', 1)
-    assert pickle.loads(store.encode_key(b'bare')) == ([], [])
-    assert store.encode_key(b'absent') is None
+        backend.add_window(b'k', ts)
+    value = backend.snapshot()[b'kk']
+    # A length-prefixed marshal header: windows, hold, event and processing timers.
+    (length,) = struct.unpack_from('<I', value)
+    assert marshal.loads(value[4:4 + length]) == ([-3, 5, 2**62], None, [], [])
+    values = pickle.loads(value[4 + length:])
+    assert values[0] == (('t', 's', b'w'), [b'v'])
+    assert values[1][0] == ('t', 'o', b'w')
+    assert dict(values[1][1]) == {2: [ENTRY_CODER.encode((2, b'x'))]}
+    # A key holding only windows has no values after its header, one holding
+    # nothing is not in the state at all.
+    backend.add_window(b'bare', 1)
+    bare = backend.snapshot()[b'kbare']
+    (length,) = struct.unpack_from('<I', bare)
+    assert len(bare) == 4 + length and marshal.loads(bare[4:]) == ([1], None, [], [])
+    assert set(backend.snapshot()) == {b'kk', b'kbare', b'm'}

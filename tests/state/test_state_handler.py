@@ -1,7 +1,11 @@
 """Unit tests of `PartitionStateHandler`, Beam's state protocol over a partition (no Spark).
 
-Requests are built as `StateKey` protos, as the SDK harness sends them; the last
-tests go through Beam's own `GlobalCachingStateHandler` and runtime state classes.
+The handler serves user state from the partition's `KeyedStateBackend`: a cell is
+the namespace `(transform id, state id, encoded window)` of the encoded user key,
+holding a list of encoded chunks (an ordered list: a `SortedDict` from sort key to
+entries; a multimap entry: the namespace `cell + (map key,)`). Requests are built
+as `StateKey` protos, as the SDK harness sends them; the last tests go through
+Beam's own `GlobalCachingStateHandler` and runtime state classes.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from apache_beam.utils.timestamp import Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.state.keyed_state import KeyedStateStore
+from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 
 StateKey = beam_fn_api_pb2.StateKey
@@ -51,9 +55,10 @@ def test_bag_append_twice_then_get_returns_the_concatenation():
     handler.append_raw(bag_key(), b'abc')
     handler.append_raw(bag_key(), b'de')
     assert handler.get_raw(bag_key()) == (b'abcde', None)
-    # Both chunks are kept in one cell of the store under the encoded user key.
-    assert handler.keyed_state.keys() == {b'k'}
-    assert handler.keyed_state.get(b'k', ('t', 's', b'w')) == [b'abc', b'de']
+    # Both chunks are kept in one cell of the backend under the encoded user key.
+    assert handler.state.keys() == {b'k'}
+    assert handler.state.namespaces(b'k') == [('t', 's', b'w')]
+    assert handler.state.get(b'k', ('t', 's', b'w')) == [b'abc', b'de']
 
 
 def test_bag_clear_empties_the_cell():
@@ -61,7 +66,7 @@ def test_bag_clear_empties_the_cell():
     handler.append_raw(bag_key(), b'abc')
     handler.clear(bag_key())
     assert handler.get_raw(bag_key()) == (b'', None)
-    assert handler.keyed_state.keys() == set()
+    assert handler.state.keys() == set()
     handler.append_raw(bag_key(), b'x')
     assert handler.get_raw(bag_key()) == (b'x', None)
 
@@ -93,12 +98,70 @@ def test_operations_return_completed_futures_and_lifecycle_is_a_no_op():
     handler.done()
 
 
-def test_a_given_store_is_used_not_copied():
-    store = KeyedStateStore()
-    store.append(b'k', ('t', 's', b'w'), b'already there')
-    handler = PartitionStateHandler(keyed_state=store)
-    assert handler.keyed_state is store
+def test_a_given_backend_is_used_not_copied():
+    backend = KeyedStateBackend()
+    backend.put(b'k', ('t', 's', b'w'), [b'already ', b'there'])
+    handler = PartitionStateHandler(backend)
+    assert handler.state is backend
     assert handler.get_raw(bag_key()) == (b'already there', None)
+    handler.append_raw(bag_key(), b'!')
+    assert backend.get(b'k', ('t', 's', b'w')) == [b'already ', b'there', b'!']
+    assert isinstance(PartitionStateHandler().state, KeyedStateBackend)
+
+
+def test_a_restored_backend_is_served_as_the_one_that_wrote_it():
+    written = PartitionStateHandler()
+    written.append_raw(bag_key(), b'bag')
+    # (A state id is a bag or an ordered list, never both: the cell is one namespace.)
+    written.append_raw(ordered_key(state_id='o'), ENTRY_CODER.encode_all([(2, b'b'), (1, b'a')]))
+    backend = KeyedStateBackend()
+    backend.restore(written.state.snapshot())
+    handler = PartitionStateHandler(backend)
+    assert handler.get_raw(bag_key()) == (b'bag', None)
+    assert read_ordered(handler, state_id='o') == [(1, b'a'), (2, b'b')]
+    handler.append_raw(ordered_key(state_id='o'), ENTRY_CODER.encode_all([(0, b'z')]))
+    assert read_ordered(handler, state_id='o') == [(0, b'z'), (1, b'a'), (2, b'b')]
+
+
+# Changes: every write marks its key for the epoch's delta --------------------------------
+
+def changed_keys(backend: KeyedStateBackend) -> tuple[set[bytes], set[bytes]]:
+    """The keys `take_delta` lists as written and as deleted."""
+    dirty, deleted = backend.take_delta()
+    assert dirty.pop(b'm') is not None  # the partition's own values, every delta
+    return {name[1:] for name in dirty}, {name[1:] for name in deleted}
+
+
+def test_every_write_marks_its_key_changed_and_reads_do_not():
+    map_value = StateKey(multimap_user_state=StateKey.MultimapUserState(
+        transform_id='t', user_state_id='m', window=b'w', key=b'map', map_key=b'mk'))
+    map_keys = StateKey(multimap_keys_user_state=StateKey.MultimapKeysUserState(
+        transform_id='t', user_state_id='m', window=b'w', key=b'map'))
+    backend = KeyedStateBackend(track_changes=True)
+    handler = PartitionStateHandler(backend)
+    handler.append_raw(bag_key(key=b'bag'), b'a')
+    handler.append_raw(ordered_key(key=b'list'), ENTRY_CODER.encode_all([(1, b'x')]))
+    handler.append_raw(map_value, b'v')
+    assert changed_keys(backend) == ({b'bag', b'list', b'map'}, set())
+    # Appending to a chunk list or a sorted dict changes it in place: still a change.
+    handler.append_raw(bag_key(key=b'bag'), b'b')
+    handler.append_raw(ordered_key(key=b'list'), ENTRY_CODER.encode_all([(2, b'y')]))
+    handler.append_raw(map_value, b'w')
+    assert changed_keys(backend) == ({b'bag', b'list', b'map'}, set())
+    handler.get_raw(bag_key(key=b'bag'))
+    read_ordered(handler, key=b'list')
+    handler.get_raw(map_keys)
+    handler.clear(bag_key(key=b'absent'))
+    handler.clear(ordered_key(key=b'list', start=5, end=9))  # nothing in that range
+    assert changed_keys(backend) == (set(), set())
+    handler.clear(ordered_key(key=b'list', start=2, end=3))  # part of the list
+    assert changed_keys(backend) == ({b'list'}, set())
+    assert backend.snapshot()[b'klist'] is not None
+    handler.clear(bag_key(key=b'bag'))
+    handler.clear(ordered_key(key=b'list', start=RANGE_MIN, end=RANGE_MAX))
+    handler.clear(map_keys)
+    assert changed_keys(backend) == (set(), {b'bag', b'list', b'map'})
+    assert backend.keys() == set()
 
 
 # Multimap user state ---------------------------------------------------------------
@@ -187,7 +250,7 @@ def test_ordered_list_example():
     assert read_ordered(handler, window=b'other window') == []
     handler.clear(ordered_key(start=RANGE_MIN, end=RANGE_MAX))
     assert read_ordered(handler) == []
-    assert handler.keyed_state.keys() == set()
+    assert handler.state.keys() == set()
 
 
 # Side inputs ------------------------------------------------------------------------
@@ -257,20 +320,25 @@ def test_window_max_timestamp_feeds_the_expiry_index():
         calls.append((transform_id, window))
         return window_ends[window]
 
-    store = KeyedStateStore()
-    handler = PartitionStateHandler(keyed_state=store, window_max_timestamp=window_max_timestamp)
+    backend = KeyedStateBackend()
+    handler = PartitionStateHandler(backend, window_max_timestamp=window_max_timestamp)
     handler.append_raw(bag_key(key=b'k1', window=b'w1'), b'a')
     handler.append_raw(
         ordered_key(key=b'k2', window=b'w2'), ENTRY_CODER.encode_all([(1, b'x')]))
     handler.append_raw(bag_key(key=b'k2', window=b'w1', transform_id='t2'), b'b')
     assert ('t2', b'w1') in calls
 
-    assert store.index.candidates(99) == []
-    assert sorted(store.index.candidates(100)) == [b'k1', b'k2']
-    assert store.index.latest_window(b'k1') == 100
-    assert store.index.latest_window(b'k2') == 300
+    assert backend.expiry.candidates(99) == []
+    assert sorted(backend.expiry.candidates(100)) == [b'k1', b'k2']
+    assert backend.expiry.latest_window(b'k1') == 100
+    assert backend.expiry.latest_window(b'k2') == 300
+    assert backend.expiry.windows(b'k2') == [100, 300]
+    # Reads and clears add no window.
+    handler.get_raw(bag_key(key=b'k3', window=b'w2'))
+    handler.clear(bag_key(key=b'k3', window=b'w2'))
+    assert b'k3' not in backend.expiry.keys()
 
-    assert store.expire(watermark=101, allowed_lateness=0, is_pinned=lambda k: False) == [b'k1']
+    assert backend.expire(watermark=101, allowed_lateness=0, is_pinned=lambda k: False) == [b'k1']
     assert handler.get_raw(bag_key(key=b'k1', window=b'w1')) == (b'', None)
     assert handler.get_raw(bag_key(key=b'k2', window=b'w1', transform_id='t2')) == (b'b', None)
 
@@ -278,8 +346,8 @@ def test_window_max_timestamp_feeds_the_expiry_index():
 def test_without_window_max_timestamp_the_index_stays_empty():
     handler = PartitionStateHandler()
     handler.append_raw(bag_key(), b'a')
-    assert len(handler.keyed_state.index) == 0
-    assert handler.keyed_state.index.candidates(1 << 62) == []
+    assert len(handler.state.expiry) == 0
+    assert handler.state.expiry.candidates(1 << 62) == []
 
 
 # Through Beam's own caching handler and runtime state ------------------------------------

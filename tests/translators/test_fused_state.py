@@ -1,20 +1,23 @@
 """A stateful fused stage's own state machinery, in process (no Spark).
 
-* `_TimerReader` splits a stream of timers in Beam's encoding into the parts the
+* `TimerReader` splits a stream of timers in Beam's encoding into the parts the
   timer queues keep (encoded key, encoded tag and windows, firing and hold
   micros, the timer's encoding) exactly as Beam's `TimerCoderImpl` reads them;
-* `_UserStateContext` gives every combining state a fresh CombineFn by
+* `CheapCombiningStateContext` gives every combining state a fresh CombineFn by
   unpickling, and falls back to Beam's deep copy when pickle cannot do it;
-* `FusedStageOperator.restore_state` is lazy (untouched keys stay encoded, no
-  timer is decoded) and a stage restored every epoch behaves as a live one,
-  with combining state, event-time timers at the window end and dynamic timers.
+* a `FusedStageOperator` over a restored `KeyedStateBackend` is lazy (untouched
+  keys stay encoded, no timer is decoded) and a stage built afresh over a backend
+  restored every epoch behaves as a live one, with combining state, event-time
+  timers at the window end and dynamic timers.
 """
 
 from __future__ import annotations
 
 import copy
+import marshal
 import pickle
 import random
+import struct
 
 import apache_beam as beam
 import pytest
@@ -29,14 +32,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_streams_runner.records import MAX_WATERMARK
-from beam_streams_runner.translators.par_do import (
-    FusedStageOperator,
+from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.beam_timers import TimerReader
+from beam_streams_runner.state.beam_user_state import (
+    CheapCombiningStateContext,
     _pickled_or_none,
-    _TimerReader,
-    _UserStateContext,
 )
+from beam_streams_runner.translators.par_do import FusedStageOperator
 
-# _TimerReader ---------------------------------------------------------------------------
+# TimerReader --------------------------------------------------------------------------
 
 KEY_CODERS = {
     'varint': (coders.VarIntCoder(), st.integers(-2**63, 2**63 - 1)),
@@ -84,7 +88,7 @@ def test_timer_reader_splits_timers_as_beam_reads_them(data, key_coder, global_w
         coders.StrUtf8Coder(), coders.TupleSequenceCoder(window_coder)]).get_impl()
     encoded = [timer_impl.encode_nested(timer) for timer in timers]
 
-    read = list(_TimerReader(key_impl, window_coder).read(b''.join(encoded)))
+    read = list(TimerReader(key_impl, window_coder).read(b''.join(encoded)))
 
     assert len(read) == len(timers)
     for (key, ident, fire, hold, whole), timer, raw in zip(read, timers, encoded, strict=True):
@@ -99,7 +103,7 @@ def test_timer_reader_splits_timers_as_beam_reads_them(data, key_coder, global_w
             assert whole == raw
 
 
-# _UserStateContext --------------------------------------------------------------------
+# CheapCombiningStateContext -----------------------------------------------------------
 
 class _Unpicklable(beam.CombineFn):
     """A sum holding a lambda: pickle cannot copy it, Beam's deep copy can."""
@@ -139,7 +143,7 @@ def test_each_combining_state_gets_a_fresh_combine_fn():
     spec = userstate.CombiningValueStateSpec('count', combiners.CountCombineFn())
     fallback = userstate.CombiningValueStateSpec('sum', _Unpicklable())
     own = userstate.CombiningValueStateSpec('own', _OwnDeepCopy())
-    context = _UserStateContext(None, 'transform', coders.StrUtf8Coder(),
+    context = CheapCombiningStateContext(None, 'transform', coders.StrUtf8Coder(),
                                 coders.GlobalWindowCoder())
     beam_context = bundle_processor.FnApiUserStateContext(
         None, 'transform', coders.StrUtf8Coder(), coders.GlobalWindowCoder())
@@ -212,7 +216,9 @@ def fused_stage(stateful_stage):
         draws.undo()
 
 
-def run_epoch(op: FusedStageOperator, encode, epoch):
+def run_epoch(op: FusedStageOperator, state: KeyedStateBackend, encode, epoch):
+    """One epoch of `op` (built over `state`): its elements, then the watermark.
+    Returns what the partition shows: outputs, hold, keys, live keys and timers."""
     elements, watermark = epoch
     # Beam's combining state compacts at random (`CombiningValueRuntimeState.add`):
     # the same draws make the same cells.
@@ -220,14 +226,25 @@ def run_epoch(op: FusedStageOperator, encode, epoch):
     out = []
     for record in encode(elements):
         out += op.process_bundle([record])
-    out += op.on_watermark('input', watermark)
-    return (sorted(out), op.output_watermark(), len(op.keyed_state),
-            op.keyed_state.live_keys(), len(op.event_timers))
+    out += op.advance(watermark)
+    return (sorted(out), op.hold(), state.watermark, len(state.keys()),
+            state.live_keys(), len(state.event_timers))
+
+
+def decoded_value(value: bytes):
+    """A persisted key's header (windows, hold, timers) and values, or the partition's
+    meta, decoded: two encodings of equal state may differ in their bytes (pickle's
+    memo follows object identity)."""
+    (length,) = struct.unpack_from('<I', value)
+    header = marshal.loads(value[4:4 + length])
+    body = value[4 + length:]
+    return header, dict(pickle.loads(body)) if body else {}
 
 
 def decoded_delta(delta):
     dirty, deleted = delta
-    return {name: pickle.loads(value) for name, value in dirty.items()}, deleted
+    return {name: pickle.loads(value) if name == b'm' else decoded_value(value)
+            for name, value in dirty.items()}, deleted
 
 
 def churn(rng: random.Random, epochs: int) -> list:
@@ -242,18 +259,27 @@ def churn(rng: random.Random, epochs: int) -> list:
     return out
 
 
+def restored_backend(state: dict[bytes, bytes]) -> KeyedStateBackend:
+    """A fresh backend restored from `state`, as a task in another worker loads it."""
+    backend = KeyedStateBackend(track_changes=True)
+    backend.restore(dict(state))
+    return backend
+
+
 @pytest.mark.parametrize('seed', range(4))
 def test_restored_every_epoch_equals_the_live_stage(fused_stage, seed):
+    """Each epoch, one operator is built over a backend restored from the deltas so far
+    and another over the one live backend (as a task that hits the cache): both give
+    the same outputs, holds, keys and timers, and the same deltas."""
     make, encode = fused_stage
-    live = make()
-    live.restore_state({})
+    live = KeyedStateBackend(track_changes=True)
     state: dict[bytes, bytes] = {}
     for number, epoch in enumerate(churn(random.Random(seed), 8)):
-        restored = make()
-        restored.restore_state(dict(state))
-        assert run_epoch(restored, encode, epoch) == run_epoch(live, encode, epoch), number
-        delta = live.state_delta()
-        assert decoded_delta(restored.state_delta()) == decoded_delta(delta), number
+        restored = restored_backend(state)
+        assert (run_epoch(make(restored), restored, encode, epoch)
+                == run_epoch(make(live), live, encode, epoch)), number
+        delta = live.take_delta()
+        assert decoded_delta(restored.take_delta()) == decoded_delta(delta), number
         dirty, deleted = delta
         state.update(dirty)
         for name in deleted:
@@ -263,36 +289,37 @@ def test_restored_every_epoch_equals_the_live_stage(fused_stage, seed):
 
 def test_restore_decodes_nothing_until_a_key_is_used(fused_stage):
     make, encode = fused_stage
-    live = make()
-    live.restore_state({})
-    run_epoch(live, encode, ([(f'key-{i}', i, 1) for i in range(20)], 0))
-    state, _ = live.state_delta()
-    assert sum(name[:1] == b'k' for name in state) == 20
-    assert sum(name[:1] == b'e' for name in state) == 20
+    live = KeyedStateBackend(track_changes=True)
+    live_op = make(live)
+    run_epoch(live_op, live, encode, ([(f'key-{i}', i, 1) for i in range(20)], 0))
+    state, _ = live.take_delta()
+    # A key's timers are in its header: one value per key, plus the partition's.
+    assert sum(name[:1] == b'k' for name in state) == 20 and len(state) == 21
 
-    restored = make()
-    restored.restore_state(state)
-    assert len(restored.keyed_state._raw) == 20 and not restored.keyed_state._cells
+    restored = restored_backend(state)
+    assert len(restored._raw) == 20 and not restored._values
     assert len(restored.event_timers) == 2 * 20
     assert restored.event_timers.next_timestamp() == live.event_timers.next_timestamp()
-    assert restored.output_watermark() == live.output_watermark()
+    restored_op = make(restored)
+    assert restored_op.hold() == live_op.hold()
+    assert restored.watermark == live.watermark == 0
     # An epoch touching two keys decodes those two, and its delta holds just them.
     touched = [('key-3', 1, 2), ('key-7', 1, 2)]
-    assert run_epoch(restored, encode, (touched, 0)) == run_epoch(live, encode, (touched, 0))
-    assert len(restored.keyed_state._raw) == 18
-    dirty, deleted = restored.state_delta()
-    assert sorted(dirty) == [b'e\x05key-3', b'e\x05key-7', b'k\x05key-3', b'k\x05key-7', b'm']
+    assert (run_epoch(restored_op, restored, encode, (touched, 0))
+            == run_epoch(live_op, live, encode, (touched, 0)))
+    assert len(restored._raw) == 18
+    dirty, deleted = restored.take_delta()
+    assert sorted(dirty) == [b'k\x05key-3', b'k\x05key-7', b'm']
     assert not deleted
     # Firing every timer reads every key; the state empties.
-    assert (run_epoch(restored, encode, ([], MAX_WATERMARK))
-            == run_epoch(live, encode, ([], MAX_WATERMARK)))
-    assert not restored.keyed_state._raw and len(restored.keyed_state) == 0
+    assert (run_epoch(restored_op, restored, encode, ([], MAX_WATERMARK))
+            == run_epoch(live_op, live, encode, ([], MAX_WATERMARK)))
+    assert not restored._raw and not restored.keys() and not restored.all_keys()
 
 
 def test_combining_state_factory_is_beams_again_after_building(fused_stage):
     make, encode = fused_stage
-    op = make()
-    op.restore_state({})
-    run_epoch(op, encode, ([('a', 1, 1)], MAX_WATERMARK))
-    assert bundle_processor.FnApiUserStateContext is not _UserStateContext
+    state = KeyedStateBackend(track_changes=True)
+    run_epoch(make(state), state, encode, ([('a', 1, 1)], MAX_WATERMARK))
+    assert bundle_processor.FnApiUserStateContext is not CheapCombiningStateContext
     assert copy.deepcopy(_CountAndFlush.COUNT.combine_fn) is not None

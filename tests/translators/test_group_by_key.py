@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.translators.group_by_key import (
     GroupByKeyOperator,
+    GroupingCoders,
     _one_pane_per_window,
     _process_entire_key,
     batch_panes,
@@ -207,14 +208,16 @@ def test_operator_emits_the_fast_path_panes():
     out_coder = coders.WindowedValueCoder(coders.TupleCoder(
         [coders.StrUtf8Coder(), coders.IterableCoder(coders.VarIntCoder())]),
         window_coder).get_impl()
-    operator = GroupByKeyOperator(in_coder, out_coder, coders.StrUtf8Coder().get_impl(),
-                                  windowing, 'out', 4)
+    operator = GroupByKeyOperator(
+        GroupingCoders(in_coder, out_coder, coders.StrUtf8Coder().get_impl(),
+                       coders.VarIntCoder().get_impl()),
+        windowing, 'out', 4)
     events = [(f'k{i % 3}', i, (i * 7) % 23) for i in range(30)]
     windowed = [_windowed(windowing.windowfn, (k, v), ts) for k, v, ts in events]
     chunk = b''.join(in_coder.encode_nested(wv) for wv in windowed)
     assert operator.process_bundle([('input', chunk)]) == []
-    assert operator.on_input_watermark(MAX_WATERMARK - 1) == []
-    records = operator.on_input_watermark(MAX_WATERMARK)
+    assert operator.advance(MAX_WATERMARK - 1) == []
+    records = operator.advance(MAX_WATERMARK)
     assert {tag for tag, _ in records} == {'out'}
     got = [wv for _, chunk in records for wv in out_coder.decode_all(chunk)]
     expected = []

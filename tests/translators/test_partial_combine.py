@@ -29,6 +29,7 @@ from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner.driver.lineage import worker_plan
 from beam_streams_runner.driver.plan import build_plan
 from beam_streams_runner.records import MAX_WATERMARK
+from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.translators.partial_combine import TaskPartialCombine
 
@@ -78,12 +79,12 @@ def _encode(runtime, stage, pairs) -> tuple[str, bytes]:
 def _run_task(runtime, stage, bundles, bundle_size: int = 100) -> list[tuple]:
     """One task: every bundle, then the end of its input; the (key, accumulator)
     elements the stage sent to the shuffle."""
-    operator = FusedStageOperator(runtime, stage, {}, bundle_size)
+    operator = FusedStageOperator(runtime, stage, OperatorServices(bundle_size=bundle_size))
     records = []
     for bundle in bundles:
         if bundle:
             records += operator.process_bundle([_encode(runtime, stage, bundle)])
-    records += operator.on_watermark('input', MAX_WATERMARK)
+    records += operator.advance(MAX_WATERMARK)
     records += operator.finish_task()
     (output_id, _), = stage.outputs.items()
     coder = runtime.coder_impl(stage.output_coders[output_id])
@@ -127,7 +128,7 @@ def test_partial_sums_add_up_to_the_per_key_sums(precombine_stage, pairs, cuts, 
 
 def test_an_abandoned_task_leaves_nothing_to_the_next(precombine_stage):
     runtime, stage = precombine_stage
-    abandoned = FusedStageOperator(runtime, stage, {}, 100)
+    abandoned = FusedStageOperator(runtime, stage, OperatorServices(bundle_size=100))
     abandoned.process_bundle([_encode(runtime, stage, [('a', 100), ('z', 1)])])
     held = [op for processors in runtime.processors.cached_bundle_processors.values()
             for processor in processors for op in processor.ops.values()

@@ -1,24 +1,26 @@
 """The side-input gate's versioned state: one value per pushed-back pair (no Spark).
 
-Design section 8. `SideInputGate.state_delta` writes the (element, main window)
-pairs pushed back since the last call under b'e' + seq, deletes the persisted
-pairs released since, and rewrites the small b'w' value (side watermarks, next
-seq) only when it changed; `restore_state` rebuilds the Pending States Graph
-from that. Checked here, on the gate of a real stage (two side inputs with
-other windows than the main input's sliding windows, so one element is several
-pairs), stateless and stateful (keys pin their state while pushed back):
+Design section 8. The gate keeps each (element, main window) pair it pushes back
+as a value of its `KeyedStateBackend` (key: the pair's seq, namespace `PAIR`),
+and its side watermarks, main inputs and next seq as the backend's meta `GATE`;
+so the backend's `take_delta` writes the pairs pushed back since the last call
+under b'k' + seq, deletes the persisted pairs released since, and writes the
+small b'm' value (the partition's meta). A gate built over a restored backend
+rebuilds its Pending States Graph from those values (`KeyedStateBackend.derived`).
+Checked here, on the gate of a real stage (two side inputs with other windows
+than the main input's sliding windows, so one element is several pairs),
+stateless and stateful (keys pin their state while pushed back):
 
 * a delta holds about the pairs an epoch pushed back or released, not all;
-* a gate restored from the deltas every epoch (also through
-  `PartitionOperatorCache` with two workers) admits and releases the same
+* a gate over a backend restored from the deltas every epoch (also through
+  `PartitionStateCache` with two workers) admits and releases the same
   elements in the same order as one live gate, with the same holds, pinned keys
-  and sizes, and hands out the same deltas (hypothesis);
+  and sizes, and its backend hands out the same deltas (hypothesis);
 * a checkpoint that does not fit the gate is reported, not silently rebuilt.
 """
 
 from __future__ import annotations
 
-import pickle
 import random
 
 import apache_beam as beam
@@ -33,8 +35,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
-from beam_streams_runner.translators.side_input_gate import CorruptGateStateError, SideInputGate
-from beam_streams_runner.worker.partition_cache import PartitionOperatorCache
+from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.translators.side_input_gate import (
+    GATE,
+    PAIR,
+    CorruptGateStateError,
+    SideInputGate,
+)
+from beam_streams_runner.worker.partition_cache import PartitionStateCache
 
 MAIN_WINDOWS = window.SlidingWindows(10, 5)
 KEYS = 'abcd'
@@ -54,12 +62,12 @@ class GateStage:
     def __init__(self, runtime, stage) -> None:
         self.runtime = runtime
         self.stage = stage
-        self.input_id, = SideInputGate(runtime, stage).gated_inputs
+        self.input_id, = SideInputGate(runtime, stage, KeyedStateBackend()).gated_inputs
         self.coder = runtime.coder_impl(stage.input_coders[self.input_id])
         self.sides = sorted(stage.side_inputs)  # side A: FixedWindows(5), B: FixedWindows(20)
 
-    def make(self) -> SideInputGate:
-        return SideInputGate(self.runtime, self.stage)
+    def make(self, state: KeyedStateBackend) -> SideInputGate:
+        return SideInputGate(self.runtime, self.stage, state)
 
     def encode(self, elements) -> bytes:
         """(key, value, timestamp in seconds) -> one chunk of the main input."""
@@ -106,8 +114,8 @@ def apply_delta(state: dict[bytes, bytes], delta: tuple[dict, set]) -> None:
 
 
 def run_epoch(gs: GateStage, gate: SideInputGate, epoch) -> tuple:
-    """One epoch as `epoch_tasks.run_stage_epoch` drives the gate: side watermarks
-    first, then the main-input chunks. Returns everything the gate shows."""
+    """One epoch as `partition_epoch.PartitionEpoch.feed` drives the gate: side
+    watermarks first, then the main-input chunks. Returns everything the gate shows."""
     watermarks, chunks = epoch
     released = gate.on_side_watermarks(dict(zip(gs.sides, watermarks, strict=True)))
     released = [(input_id, gs.decode(chunk)) for input_id, chunk in released]
@@ -115,66 +123,95 @@ def run_epoch(gs: GateStage, gate: SideInputGate, epoch) -> tuple:
     key_coder = gs.stage.key_coders.get(gs.input_id)
     keys = ([gs.runtime.coder_impl(key_coder).encode_nested(key) for key in KEYS]
             if key_coder else [None])
-    return (released, admitted, gate.hold(), gate.graph.sizes(),
-            [gate.graph.has_pending(key) for key in keys])
+    return (released, admitted, gate.hold(), gate.sizes(),
+            [gate.pins(key) for key in keys])
 
 
-def restored(gs: GateStage, state: dict[bytes, bytes]) -> SideInputGate:
-    gate = gs.make()
-    gate.restore_state(dict(state))
-    return gate
+def restored(state: dict[bytes, bytes]) -> KeyedStateBackend:
+    """A fresh backend restored from `state` (a task in another worker)."""
+    backend = KeyedStateBackend(track_changes=True)
+    backend.restore(dict(state))
+    return backend
 
 
 def replay(gs: GateStage, epochs) -> list[dict[bytes, bytes]]:
-    """Runs `epochs` through one live gate and, each epoch, through a fresh gate
-    restored from the deltas so far; both must agree. Returns the state per epoch."""
-    live = restored(gs, {})
+    """Runs `epochs` through gates over one live backend (a new gate each epoch, as a
+    task that hits the cache builds it) and, each epoch, through a gate over a fresh
+    backend restored from the deltas so far; both must agree. Returns the state per
+    epoch."""
+    live = restored({})
     state: dict[bytes, bytes] = {}
     states = []
     for number, epoch in enumerate(epochs):
-        fresh = restored(gs, state)
-        assert fresh.graph.sizes() == live.graph.sizes(), f'epoch {number}'
-        assert fresh.hold() == live.hold(), f'epoch {number}'
-        assert run_epoch(gs, fresh, epoch) == run_epoch(gs, live, epoch), f'epoch {number}'
-        delta = live.state_delta()
-        assert fresh.state_delta() == delta, f'epoch {number}'
+        backend = restored(state)
+        fresh, gate = gs.make(backend), gs.make(live)
+        assert fresh.sizes() == gate.sizes(), f'epoch {number}'
+        assert fresh.hold() == gate.hold(), f'epoch {number}'
+        assert run_epoch(gs, fresh, epoch) == run_epoch(gs, gate, epoch), f'epoch {number}'
+        delta = live.take_delta()
+        assert backend.take_delta() == delta, f'epoch {number}'
         apply_delta(state, delta)
         states.append(dict(state))
     return states
 
 
 def pairs(state: dict[bytes, bytes]) -> int:
-    return sum(1 for name in state if name[:1] == b'e')
+    return sum(1 for name in state if name[:1] == b'k')
+
+
+def pair_value(name: bytes, value: bytes) -> tuple:
+    """The persisted pair `name` (b'k' + seq): (main input index, encoded element,
+    timestamp, user key, side windows and their max timestamps)."""
+    return restored({name: value}).get(name[1:], PAIR)
+
+
+def gate_meta(meta: bytes):
+    """The gate's own partition value in the backend's b'm' (side watermarks, main
+    inputs, next seq), or None."""
+    return restored({b'm': meta}).get_meta(GATE)
+
+
+def with_gate_meta(meta: bytes, value) -> bytes:
+    """The backend's b'm' with the gate's partition value replaced by `value`."""
+    backend = restored({b'm': meta})
+    backend.put_meta(GATE, value)
+    return backend.snapshot()[b'm']
 
 
 # Delta sizes ------------------------------------------------------------------------
 
 def test_a_delta_holds_what_the_epoch_pushed_back_and_released(gate_stage):
     gs = gate_stage
-    gate = restored(gs, {})
+    backend = restored({})
+    gate = gs.make(backend)
     no_advance = [MIN_WATERMARK, MIN_WATERMARK]
     # Epoch 0: 500 elements in [0, 50) s, two main windows each: 1000 pairs.
     run_epoch(gs, gate, (no_advance, [[(KEYS[i % 4], i, i / 10) for i in range(500)]]))
-    dirty, deleted = gate.state_delta()
-    assert pairs(dirty) == 1000 and b'w' in dirty and len(dirty) == 1001 and not deleted
+    dirty, deleted = backend.take_delta()
+    assert pairs(dirty) == 1000 and b'm' in dirty and len(dirty) == 1001 and not deleted
+    assert gate_meta(dirty[b'm'])[2] == 1000  # the next seq
     state = dict(dirty)
     # Epoch 1: three more elements write six pairs and the next seq, nothing else.
     run_epoch(gs, gate, (no_advance, [[('a', 1, 60), ('b', 2, 61), ('c', 3, 62)]]))
-    dirty, deleted = gate.state_delta()
+    dirty, deleted = backend.take_delta()
     assert pairs(dirty) == 6 and len(dirty) == 7 and not deleted
+    assert gate_meta(dirty[b'm'])[2] == 1006
     apply_delta(state, (dirty, deleted))
-    # Epoch 2: nothing happened, nothing is written.
+    # Epoch 2: nothing happened: no pair is written, the partition value is unchanged.
     run_epoch(gs, gate, (no_advance, []))
-    assert gate.state_delta() == ({}, set())
+    dirty, deleted = backend.take_delta()
+    assert dirty == {b'm': state[b'm']} and not deleted
     # Epoch 3: side A's windows [0, 5) and [5, 10) and side B's [0, 20) are complete.
     # A main window maps to the side window holding its max timestamp, so the main
-    # windows [-5, 5) and [0, 10) run: 50 + 100 pairs, deleted; b'w' is rewritten.
+    # windows [-5, 5) and [0, 10) run: 50 + 100 pairs, deleted; b'm' has the new
+    # side watermarks.
     released, *_ = run_epoch(gs, gate, ([seconds(10), seconds(20)], []))
     (_, elements), = released
-    dirty, deleted = gate.state_delta()
-    assert dirty.keys() == {b'w'}
+    dirty, deleted = backend.take_delta()
+    assert dirty.keys() == {b'm'}
+    assert [w for _, w in gate_meta(dirty[b'm'])[0]] == [seconds(10), seconds(20)]
     assert len(deleted) == len(elements) == 150
-    assert {pickle.loads(state[name])[1] for name in deleted} == {
+    assert {pair_value(name, state[name])[1] for name in deleted} == {
         gs.coder.encode_nested(WindowedValue(value, Timestamp(micros=t), windows))
         for value, t, windows in elements}
     apply_delta(state, (dirty, deleted))
@@ -182,10 +219,10 @@ def test_a_delta_holds_what_the_epoch_pushed_back_and_released(gate_stage):
     # Epoch 4: pushed back and released within the epoch: neither written nor deleted.
     gate.admit(gs.input_id, gs.encode([('d', 4, 70)]))
     released = gate.on_side_watermarks({side: MAX_WATERMARK for side in gs.sides})
-    dirty, deleted = gate.state_delta()
-    assert dirty.keys() == {b'w'} and len(deleted) == pairs(state)
+    dirty, deleted = backend.take_delta()
+    assert dirty.keys() == {b'm'} and len(deleted) == pairs(state)
     apply_delta(state, (dirty, deleted))
-    assert state.keys() == {b'w'}
+    assert state.keys() == {b'm'}
     assert gate.hold() == MAX_WATERMARK and not gate.graph
 
 
@@ -201,7 +238,7 @@ def test_released_pairs_come_out_in_arrival_order_after_a_restore(gate_stage):
     epochs.append(([MAX_WATERMARK, MAX_WATERMARK], []))
     states = replay(gs, epochs)
     assert pairs(states[5]) == 600
-    assert states[-1].keys() == {b'w'}
+    assert states[-1].keys() == {b'm'}
 
 
 def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_path, monkeypatch):
@@ -219,20 +256,23 @@ def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_pat
         watermark = [seconds(2 * number), seconds(4 * number)]
         epochs.append((watermark, [[(KEYS[i % 4], i, 20 + number + i / 10)
                                     for i in range(5)]]))
-    live = restored(gs, {})
+    live = restored({})
     sizes, kinds = [], []
     for number, epoch in enumerate(epochs):
-        monkeypatch.setattr(PartitionOperatorCache, '_caches', rng.choice(workers))
-        cache = PartitionOperatorCache.cache(state_dir)
+        monkeypatch.setattr(PartitionStateCache, '_caches', rng.choice(workers))
+        cache = PartitionStateCache.cache(state_dir)
         before = dict(cache.stats)
-        gate = PartitionOperatorCache.load(state_dir, name, number - 1, gs.make)
+        backend = PartitionStateCache.load(
+            state_dir, name, number - 1, lambda: KeyedStateBackend(track_changes=True))
         kinds.append(next(kind for kind, count in cache.stats.items()
                           if count > before.get(kind, 0)))
-        assert run_epoch(gs, gate, epoch) == run_epoch(gs, live, epoch), f'epoch {number}'
-        PartitionOperatorCache.commit(state_dir, name, number, gate)
-        store = PartitionOperatorCache.cache(state_dir).store
+        live_gate = gs.make(live)
+        assert (run_epoch(gs, gs.make(backend), epoch)
+                == run_epoch(gs, live_gate, epoch)), f'epoch {number}'
+        PartitionStateCache.commit(state_dir, name, number, backend)
+        store = PartitionStateCache.cache(state_dir).store
         sizes.append(len(store.get_chunked(name, b'd' + number.to_bytes(8, 'big'))))
-    assert live.graph, 'some elements are still pushed back at the end'
+    assert live_gate.graph, 'some elements are still pushed back at the end'
     print(f'\nloads: {kinds}\ndelta bytes per epoch: {sizes}')
     assert 'catch-up' in kinds
     # Epoch 0 pushed back 4000 pairs; later epochs push back 10 and release a few
@@ -263,31 +303,32 @@ def test_a_gate_restored_every_epoch_equals_the_live_one(gate_stage, steps):
         epochs.append(([seconds(a), seconds(b)], [chunk]))
     epochs.append(([MAX_WATERMARK, MAX_WATERMARK], []))
     states = replay(gate_stage, epochs)
-    assert states[-1].keys() <= {b'w'}
+    assert states[-1].keys() <= {b'm'}
 
 
 # Checkpoints that do not fit ------------------------------------------------------
 
 def test_a_pair_runnable_under_the_saved_watermarks_is_a_corrupt_checkpoint(gate_stage):
     gs = gate_stage
-    gate = restored(gs, {})
+    backend = restored({})
+    gate = gs.make(backend)
     gate.admit(gs.input_id, gs.encode([('a', 1, 3)]))
-    state = gate.state_delta()[0]
+    state = backend.take_delta()[0]
     gate.on_side_watermarks({side: MAX_WATERMARK for side in gs.sides})
-    state[b'w'] = gate.state_delta()[0][b'w']  # the release's delete got lost
+    state[b'm'] = backend.take_delta()[0][b'm']  # the release's delete got lost
     with pytest.raises(CorruptGateStateError, match='runnable'):
-        restored(gs, state)
-    del state[b'w']
+        gs.make(restored(state))
+    del state[b'm']
     with pytest.raises(CorruptGateStateError, match='no side watermarks'):
-        restored(gs, state)
+        gs.make(restored(state))
 
 
 def test_a_checkpoint_of_other_side_inputs_is_reported(gate_stage):
     gs = gate_stage
-    gate = restored(gs, {})
-    gate.on_side_watermarks({gs.sides[0]: seconds(5)})
-    state = gate.state_delta()[0]
-    watermarks, input_ids, next_seq = pickle.loads(state[b'w'])
-    state[b'w'] = pickle.dumps((watermarks[:1], input_ids, next_seq))
+    backend = restored({})
+    gs.make(backend).on_side_watermarks({gs.sides[0]: seconds(5)})
+    state = backend.take_delta()[0]
+    watermarks, input_ids, next_seq = gate_meta(state[b'm'])
+    state[b'm'] = with_gate_meta(state[b'm'], (watermarks[:1], input_ids, next_seq))
     with pytest.raises(CorruptGateStateError, match='side inputs'):
-        restored(gs, state)
+        gs.make(restored(state))

@@ -1,7 +1,8 @@
-"""`epoch_tasks.read_on`: how a source stage's task reads on within its read budget."""
+"""`read.ReadInEpochs.read_on`: how a source stage's epoch task reads on within its read
+budget (`partition_epoch.PartitionEpoch.read_on` hands it the operator's
+`read_residual` and the epoch's deadline)."""
 
-from beam_streams_runner.translators.par_do import Residual
-from beam_streams_runner.worker.epoch_tasks import read_on
+from beam_streams_runner.translators.read import ReadInEpochs, Residual
 
 
 class _Clock:
@@ -16,9 +17,10 @@ class _Clock:
 
 
 class _ScriptedSource:
-    """Stands in for a source stage's operator: each bundle of a restriction emits one
-    record, takes `bundle_s` on `clock` and leaves a residual (with the scripted delay)
-    until it has run `lengths`."""
+    """Stands in for a source stage's operator over the task's `ReadInEpochs` policy:
+    each bundle of a restriction emits one record, takes `bundle_s` on `clock` and
+    leaves a residual (with the scripted delay) until it has run `lengths`; what a
+    bundle leaves goes to the policy (`keep`), as the operator hands it on."""
 
     def __init__(self, lengths: dict[bytes, int], delays: dict[bytes, float],
                  steps: dict[bytes, int] | None = None, bundle_s: float = 1.0) -> None:
@@ -29,7 +31,13 @@ class _ScriptedSource:
         self.steps = steps or {}  # how far a bundle moves the restriction's watermark
         self.watermarks = dict.fromkeys(lengths, 0)
         self.order: list[bytes] = []
-        self.residuals = [Residual('in', name, 0.0, 0) for name in lengths]
+        self.policy = ReadInEpochs(0)
+        self.policy.deal(Residual('in', name, 0.0, 0) for name in lengths)
+
+    @property
+    def residuals(self) -> list[Residual]:
+        """What the policy keeps for the driver's next epochs."""
+        return self.policy.residuals
 
     def read_residual(self, residual):
         name = residual.element
@@ -37,15 +45,18 @@ class _ScriptedSource:
         self.clock.now += self.bundle_s
         self.left[name] -= 1
         self.watermarks[name] += self.steps.get(name, 0)
-        if self.left[name]:
-            self.residuals.append(Residual('in', name, self.delays.get(name, 0.0),
-                                           self.watermarks[name]))
+        left = ([Residual('in', name, self.delays.get(name, 0.0), self.watermarks[name])]
+                if self.left[name] else [])
+        assert self.policy.keep(left) == []  # kept for read_on, not read at once
         return [('out', name)]
+
+    def read_on(self, deadline: float):
+        return self.policy.read_on(self.read_residual, deadline, self.clock)
 
 
 def test_restrictions_take_turns_until_each_is_done():
     source = _ScriptedSource({b'a': 3, b'b': 2}, {})
-    out = list(read_on(source, source.clock.now + 60, source.clock))
+    out = list(source.read_on(source.clock.now + 60))
     assert source.order == [b'a', b'b', b'a', b'b', b'a']
     assert out == [('out', name) for name in source.order]
     assert source.residuals == []
@@ -53,7 +64,7 @@ def test_restrictions_take_turns_until_each_is_done():
 
 def test_the_restriction_furthest_behind_reads_first():
     source = _ScriptedSource({b'fast': 4, b'slow': 6}, {}, steps={b'fast': 10, b'slow': 4})
-    list(read_on(source, source.clock.now + 60, source.clock))
+    list(source.read_on(source.clock.now + 60))
     # slow catches up with fast (watermarks 10 vs 4, 8, 12) before fast reads again
     assert source.order == [b'fast', b'slow', b'slow', b'slow', b'fast', b'slow', b'slow',
                             b'fast', b'slow', b'fast']
@@ -61,7 +72,7 @@ def test_the_restriction_furthest_behind_reads_first():
 
 def test_a_restriction_waiting_for_data_goes_back_to_the_driver():
     source = _ScriptedSource({b'a': 3, b'paced': 3}, {b'paced': 30.0})
-    list(read_on(source, source.clock.now + 60, source.clock))
+    list(source.read_on(source.clock.now + 60))
     assert source.order == [b'a', b'paced', b'a', b'a']
     (left,) = source.residuals
     # It went back 2 bundles (2 s) after it asked for 30 s: the driver waits the rest.
@@ -70,7 +81,7 @@ def test_a_restriction_waiting_for_data_goes_back_to_the_driver():
 
 def test_the_budget_ends_reading_and_keeps_what_is_left():
     source = _ScriptedSource({b'a': 1000, b'b': 1000}, {})
-    list(read_on(source, source.clock.now + 2.5, source.clock))
+    list(source.read_on(source.clock.now + 2.5))
     assert source.order == [b'a', b'b', b'a']  # 1 s bundles: the third ends at 3 s
     assert sorted(r.element for r in source.residuals) == [b'a', b'b']
     assert all(r.resume_delay_s == 0.0 for r in source.residuals)
@@ -78,7 +89,7 @@ def test_the_budget_ends_reading_and_keeps_what_is_left():
 
 def test_a_spent_budget_still_reads_one_bundle():
     source = _ScriptedSource({b'a': 1000, b'b': 1000}, {})
-    list(read_on(source, source.clock.now - 1, source.clock))
+    list(source.read_on(source.clock.now - 1))
     assert source.order == [b'a']
     assert sorted(r.element for r in source.residuals) == [b'a', b'b']
 
@@ -89,7 +100,7 @@ def test_restrictions_at_different_paces_stay_together_over_epochs():
     steps = {b'a': 12, b'b': 13, b'c': 14}
     source = _ScriptedSource(dict.fromkeys(steps, 10_000), {}, steps=steps)
     for _ in range(300):
-        list(read_on(source, source.clock.now, source.clock))
+        list(source.read_on(source.clock.now))
     assert max(source.watermarks.values()) - min(source.watermarks.values()) <= max(
         steps.values())
     assert len(source.order) == 300
