@@ -21,7 +21,7 @@ from beam_streams_runner.driver.progress import (
     summary,
 )
 from beam_streams_runner.records import MAX_WATERMARK
-from beam_streams_runner.worker.epoch_tasks import PartitionReport
+from beam_streams_runner.worker.epoch_info import PartitionReport
 from tests.conftest import WriteLines
 
 pytestmark = pytest.mark.timeout(600)
