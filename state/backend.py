@@ -55,6 +55,11 @@ _META = b'm'  # the partition's named values, watermark and timer arrival number
 _HEADER_LENGTH = struct.Struct('<I')
 
 
+def never_pinned(key: bytes) -> bool:
+    """No key is pinned (no side-input gate holds elements of it)."""
+    return False
+
+
 class ValueCodec(Protocol):
     """How one key's values, `[(namespace, value), ...]`, become bytes and back."""
 
@@ -191,7 +196,7 @@ class KeyedStateBackend:
         self.expiry.add_window(key, window_max_timestamp)
 
     def expire(self, watermark: int, allowed_lateness: int,
-               is_pinned: Callable[[bytes], bool] = lambda key: False) -> list[bytes]:
+               is_pinned: Callable[[bytes], bool] = never_pinned) -> list[bytes]:
         """Deletes the keys all of whose windows are past `allowed_lateness` behind
         `watermark` and that have no timers and are not pinned (pushed-back elements)."""
         deleted = []
@@ -207,6 +212,10 @@ class KeyedStateBackend:
     # Timers and holds ---------------------------------------------------------------------
     def timers(self, domain: str) -> TimerQueue:
         return self.event_timers if domain == EVENT_TIME else self.processing_timers
+
+    def timer_count(self) -> int:
+        """The pending timers of both time domains."""
+        return len(self.event_timers) + len(self.processing_timers)
 
     def has_timers(self, key: bytes) -> bool:
         return (self.event_timers.has_timers_for_key(key)
@@ -316,18 +325,15 @@ class KeyedStateBackend:
             for name, value in state.items():
                 if name[:1] == _KEY:
                     key = name[1:]
-                    (length,) = _HEADER_LENGTH.unpack_from(value)
-                    end = _HEADER_LENGTH.size + length
-                    key_windows, hold, event, processing = marshal.loads(
-                        memoryview(value)[_HEADER_LENGTH.size:end])
+                    (key_windows, hold, event, processing), body = split_entry(value)
                     if key_windows:
                         windows.append((key, key_windows))
                     if hold is not None:
                         holds.append((hold, key))
                     timers[EVENT_TIME].extend(_restored_timers(key, event))
                     timers[PROCESSING_TIME].extend(_restored_timers(key, processing))
-                    if len(value) > end:
-                        self._raw[key] = memoryview(value)[end:]
+                    if body:
+                        self._raw[key] = body
                 elif name == _META:
                     meta, event_seq, processing_seq = pickle.loads(value)
                     self._meta.update(meta)
@@ -368,6 +374,15 @@ class KeyedStateBackend:
 
 
 _MISSING = object()
+
+
+def split_entry(value: bytes) -> tuple[tuple, memoryview]:
+    """A persisted key's header (expiry windows, hold, event-time and processing-time
+    timers) and its values as the codec encoded them (empty if it holds none)."""
+    (length,) = _HEADER_LENGTH.unpack_from(value)
+    end = _HEADER_LENGTH.size + length
+    view = memoryview(value)
+    return marshal.loads(view[_HEADER_LENGTH.size:end]), view[end:]
 
 
 def _persisted_timers(queue: TimerQueue, key: bytes) -> list[tuple]:

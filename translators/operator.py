@@ -33,15 +33,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from beam_streams_runner.records import MAX_WATERMARK, Record
-from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.backend import KeyedStateBackend, never_pinned
 from beam_streams_runner.translators.read import ReadToEnd, SourcePolicy
 from beam_streams_runner.worker.element_counts import CountedOutput
 
 Bundle = list[tuple[str, bytes]]
-
-
-def _never(key: bytes) -> bool:
-    return False
 
 
 @dataclasses.dataclass
@@ -58,7 +54,7 @@ class OperatorServices:
     counted: tuple[CountedOutput, ...] = ()
     element_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     # Keys whose state must stay (they have pushed-back elements in a side-input gate).
-    pinned: Callable[[bytes], bool] = _never
+    pinned: Callable[[bytes], bool] = never_pinned
     # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
     keyed_state_gc: bool = True
 

@@ -65,15 +65,17 @@ class FusedStageOperator(Operator):
         if stage.stateful:
             # Batch hands none: the partition's state lives as long as its task.
             self._state = services.state if services.state is not None else KeyedStateBackend()
-        self.descriptor_id = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
-            stage.descriptor).id
-        self._descriptor = None
+        # As `BundleContextManager.input_for` wants it: an object with the descriptor.
+        self._descriptor = SimpleNamespace(
+            process_bundle_descriptor=beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
+                stage.descriptor))
+        self.descriptor_id = self._descriptor.process_bundle_descriptor.id
         self.metrics = MetricCells()
-        self._reads = SourceReads(runtime, stage, self._descriptor_view(),
+        self._reads = SourceReads(runtime, stage, self._descriptor,
                                   services.bundle_size, services.source)
         # Lifted combines' partial combines last the whole task (see `partial_combine`).
         self._partial_combines = TaskPartialCombines(
-            runtime, stage, self._descriptor_view().process_bundle_descriptor,
+            runtime, stage, self._descriptor.process_bundle_descriptor,
             services.bundle_size)
         self._window_coders: dict[str, object] = {}
         self._window_ends: dict[tuple[str, bytes], int] = {}
@@ -163,7 +165,7 @@ class FusedStageOperator(Operator):
         if state is None:
             return {}
         return {'keyed_states': state.live_keys(),
-                'timers': len(state.event_timers) + len(state.processing_timers)}
+                'timers': state.timer_count()}
 
     # Running harness bundles -----------------------------------------------------
     def _run(self, data: dict[str, list[bytes]], fired: dict,
@@ -282,7 +284,7 @@ class FusedStageOperator(Operator):
     def _prepare_state(self) -> int:
         """Learns the window coders of the stateful steps; returns their largest allowed
         lateness (micros)."""
-        descriptor = self._descriptor_view().process_bundle_descriptor
+        descriptor = self._descriptor.process_bundle_descriptor
         lateness_ms = 0
         for transform_id, transform in descriptor.transforms.items():
             main_input = stateful_main_input(transform)
@@ -305,10 +307,3 @@ class FusedStageOperator(Operator):
                 self._window_ends.clear()  # windows come and go: keep only recent ones
             self._window_ends[cache_key] = end
         return end
-
-    def _descriptor_view(self) -> SimpleNamespace:
-        if self._descriptor is None:
-            self._descriptor = SimpleNamespace(
-                process_bundle_descriptor=beam_fn_api_pb2.ProcessBundleDescriptor.FromString(
-                    self.stage.descriptor))
-        return self._descriptor

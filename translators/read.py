@@ -152,9 +152,6 @@ class ReadToEnd:
             time.sleep(min(delays))  # e.g. a PeriodicImpulse waiting for its next firing
         return leftovers
 
-    def hold(self) -> int:
-        return MAX_WATERMARK
-
 
 class ReadInEpochs:
     """How a streaming epoch's task reads its sources: bundles are also cut after

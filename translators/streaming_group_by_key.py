@@ -133,8 +133,7 @@ class StreamingGroupByKeyOperator(Operator):
 
     def sizes(self) -> dict[str, int]:
         state = self._state
-        return {'keys': len(state.keys()),
-                'timers': len(state.event_timers) + len(state.processing_timers)}
+        return {'keys': len(state.keys()), 'timers': state.timer_count()}
 
     # The operator contract ---------------------------------------------------------
     def process_bundle(self, bundle: Bundle) -> list[Record]:

@@ -12,14 +12,13 @@ the Spark UI shows which Beam steps a Spark stage runs.
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Callable
 
 from pyspark import SparkContext, StorageLevel
 from pyspark.rdd import RDD
 
 from beam_streams_runner.driver.lineage import (
+    PipelineJobs,
     buffer_rdd,
     count_uses,
     discard,
@@ -45,7 +44,8 @@ class BatchDriver:
                  on_progress: Callable[[str], None] | None = None) -> None:
         self.sc = sc
         self.plan = plan
-        self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
+        self._jobs = PipelineJobs(sc)
+        self.run_id = self._jobs.run_id
         self.num_partitions = num_partitions or sc.defaultParallelism
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
@@ -54,33 +54,23 @@ class BatchDriver:
         self._stage_rdds: dict[str, RDD] = {}
         self._side_chunks: dict[bytes, list[bytes]] = {}
         self._uses = count_uses(plan)
-        self._cancelled = threading.Event()
-
-    @property
-    def job_group(self) -> str:
-        return self.run_id
 
     def cancel(self) -> None:
-        # Cancelling stops the running jobs only: the flag stops the next. By job tag,
-        # not group: Spark warns about a group without active jobs, and PySpark's Ctrl-C
-        # handler may have cancelled them all already.
-        self._cancelled.set()
-        self.sc.cancelJobsWithTag(self.run_id)
+        self._jobs.cancel()
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
-        sc.setJobGroup(self.run_id, 'Beam pipeline (StreamsSparkRunner)', interruptOnCancel=True)
-        sc.addJobTag(self.run_id)  # what `cancel` cancels
+        self._jobs.start('Beam pipeline (StreamsSparkRunner)')
         self._plan_bc = sc.broadcast(self._worker_plan)
         try:
             for stage in self.plan.stages:
-                if self._cancelled.is_set():
+                if self._jobs.cancelled.is_set():
                     return
                 self._stage_rdds[stage.name] = self._build(stage)
             leaves = [self._stage_rdds[s.name] for s in self.plan.stages
                       if self._uses[s.name] == 0 and self._stage_rdds[s.name] is not None]
-            if leaves and not self._cancelled.is_set():
+            if leaves and not self._jobs.cancelled.is_set():
                 final = leaves[0] if len(leaves) == 1 else sc.union(leaves)
                 sc.setJobDescription('Beam pipeline: ' + ', '.join(
                     s.display_name for s in self.plan.stages if self._uses[s.name] == 0)[:900])

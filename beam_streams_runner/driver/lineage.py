@@ -1,12 +1,14 @@
-"""What the batch and streaming drivers share: the broadcast `WorkerPlan`, the
-buffers between stages, the shuffles' partitioning and the small functions the
-lineages ship to Spark.
+"""What the batch and streaming drivers share: the Spark jobs of a run and their
+cancelling, the broadcast `WorkerPlan`, the buffers between stages, the shuffles'
+partitioning and the small functions the lineages ship to Spark.
 """
 
 from __future__ import annotations
 
 import collections
 import sys
+import threading
+import uuid
 from collections.abc import Callable
 
 from apache_beam.portability import common_urns
@@ -17,6 +19,27 @@ from beam_streams_runner.driver.plan import PipelinePlan, StagePlan, kv_componen
 from beam_streams_runner.translators.flatten import flattened
 from beam_streams_runner.worker import shuffles
 from beam_streams_runner.worker.worker_plan import GroupingSpec, WorkerPlan
+
+
+class PipelineJobs:
+    """The Spark jobs of one pipeline run, all tagged with its run id."""
+
+    def __init__(self, sc: SparkContext) -> None:
+        self.sc = sc
+        self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
+        self.cancelled = threading.Event()
+
+    def start(self, description: str) -> None:
+        """Names the jobs this thread submits from here on (Spark UI) and tags them."""
+        self.sc.setJobGroup(self.run_id, description, interruptOnCancel=True)
+        self.sc.addJobTag(self.run_id)  # what `cancel` cancels
+
+    def cancel(self) -> None:
+        # Cancelling stops the running jobs only: the flag stops the next. By job tag,
+        # not group: Spark warns about a group without active jobs, and PySpark's Ctrl-C
+        # handler may have cancelled them all already.
+        self.cancelled.set()
+        self.sc.cancelJobsWithTag(self.run_id)
 
 
 def buffer_rdd(sc: SparkContext, plan: PipelinePlan, stage_rdds: dict[str, RDD | None],

@@ -45,9 +45,7 @@ import itertools
 import logging
 import shutil
 import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
@@ -57,6 +55,7 @@ from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
 from beam_streams_runner.driver.lineage import (
+    PipelineJobs,
     buffer_rdd,
     count_uses,
     discard,
@@ -111,7 +110,8 @@ class StreamingDriver:
                  endpoints: Endpoints | None = None) -> None:
         self.sc = sc
         self.plan = plan
-        self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
+        self._jobs = PipelineJobs(sc)
+        self.run_id = self._jobs.run_id
         self.num_partitions = num_partitions or sc.defaultParallelism
         self.bundle_time_ms = bundle_time_ms
         self.target_latency_ms = target_latency_ms
@@ -128,7 +128,6 @@ class StreamingDriver:
         # stage -> [(residual, resume at (micros of the driver's clock))]
         self._residuals: dict[str, list[tuple[Residual, int]]] = {}
         self._test_streams = self._test_stream_events()
-        self._cancelled = threading.Event()
         self.epochs = 0
         # Side inputs: everything each side buffer produced so far, its watermark,
         # and per consuming stage the broadcast state-API layout of it.
@@ -137,21 +136,13 @@ class StreamingDriver:
         self._side_states: dict[str, Broadcast] = {}
         self._finished_stages: set[str] = set()
 
-    @property
-    def job_group(self) -> str:
-        return self.run_id
-
     def cancel(self) -> None:
-        self._cancelled.set()
-        # By job tag, not group: Spark warns about a group without active jobs.
-        self.sc.cancelJobsWithTag(self.run_id)
+        self._jobs.cancel()
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
         sc = self.sc
-        sc.setJobGroup(self.run_id, 'Beam streaming pipeline (StreamsSparkRunner)',
-                       interruptOnCancel=True)
-        sc.addJobTag(self.run_id)  # what `cancel` cancels
+        self._jobs.start('Beam streaming pipeline (StreamsSparkRunner)')
         self._plan_bc = sc.broadcast(self._worker_plan)
         state_dir = tempfile.mkdtemp(prefix=f'{self.run_id}-state-')
         test_streaming = bool(self._test_streams)
@@ -159,7 +150,7 @@ class StreamingDriver:
         next_wakeup: int | None = None
         try:
             for epoch in itertools.count():
-                if self._cancelled.is_set():
+                if self._jobs.cancelled.is_set():
                     return
                 steps = {name: next(events, None) for name, events in self._test_streams.items()}
                 if test_streaming:
@@ -167,7 +158,7 @@ class StreamingDriver:
                                  default=0)
                 else:
                     if next_wakeup is not None and not self._due(clock):
-                        self._cancelled.wait(min(
+                        self._jobs.cancelled.wait(min(
                             _IDLE_WAIT_S, max(0.0, (next_wakeup - clock) / 1e6)))
                     clock = max(clock, Timestamp.now().micros)
                 reports = self._run_epoch(epoch, clock, steps, state_dir)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import Punctuation, Record
-from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend
+from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend, never_pinned
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.translators.read import ReadInEpochs
@@ -51,10 +51,6 @@ from beam_streams_runner.worker.watermarks import PartitionWatermarks
 from beam_streams_runner.worker.worker_plan import WorkerPlan
 
 
-def _never(key: bytes) -> bool:
-    return False
-
-
 class PartitionEpoch:
     """Partition `index` of stage `stage_name` in one epoch (see the module docstring)."""
 
@@ -66,6 +62,8 @@ class PartitionEpoch:
         self._stage = plan.stages[stage_name]
         self._index = index
         self._grouping_input = grouping_input
+        self._grouping_spec = (plan.groupings[self._stage.inputs[grouping_input]]
+                               if grouping_input is not None else None)
         self._side_view = side_view
         self._counted = counted
         self._started = time.monotonic()
@@ -89,8 +87,8 @@ class PartitionEpoch:
     def load(self) -> None:
         """Takes the partition's keyed state at epoch-1 and builds its operators on it."""
         stage, plan, epoch, runtime = self._stage, self._plan, self._epoch, self._runtime
-        if self._grouping_input is not None:
-            spec = plan.groupings[stage.inputs[self._grouping_input]]
+        spec = self._grouping_spec
+        if spec is not None:
             self.grouping = StreamingGroupByKeyOperator(
                 spec.coders(runtime), spec.windowing(runtime), self._grouping_input,
                 plan.bundle_size, self._load('group', TRIGGER_STATE_CODEC),
@@ -106,7 +104,7 @@ class PartitionEpoch:
             source=self._source,
             counted=self._counted,
             element_counts=self._element_counts,
-            pinned=self.gate.pins if self.gate is not None else _never,
+            pinned=self.gate.pins if self.gate is not None else never_pinned,
             keyed_state_gc=epoch.keyed_state_gc))
 
     def _load(self, part: str, codec=PICKLE_CODEC) -> KeyedStateBackend:
@@ -188,7 +186,7 @@ class PartitionEpoch:
         stage = self._stage
         sizes = {}
         if self.grouping is not None:
-            step = self._plan.groupings[stage.inputs[self._grouping_input]].step_name
+            step = self._grouping_spec.step_name
             held = self.grouping.sizes()
             sizes[(step, 'keyed_states')] = held['keys']
             sizes[(step, 'timers')] = held['timers']
@@ -216,8 +214,8 @@ class PartitionEpoch:
         try:
             return method(*args)
         except Exception as exc:  # noqa: BLE001 - rewrapped with the GroupByKey's step name
-            step = self._plan.groupings[self._stage.inputs[self._grouping_input]].step_name
-            raise StageExecutionError.from_exception(exc, f"Beam step '{step}'") from None
+            raise StageExecutionError.from_exception(
+                exc, f"Beam step '{self._grouping_spec.step_name}'") from None
 
     def _admitted(self, records: list[Record]) -> list[Record]:
         """The records whose elements may run now (all of them when no side input is read)."""

@@ -102,7 +102,7 @@ class WorkerRuntime:
             for descriptor_id, raw in descriptors.items()
         }
         # No cache tokens are ever sent, so the cache only spans one bundle; state
-        # lives in the partition's KeyedStateStore.
+        # lives in the partition's KeyedStateBackend.
         caching_handler = sdk_worker.GlobalCachingStateHandler(StateCache(0), self.state_router)
         self.processors = _BundleProcessorCache(
             FNAPI_RUNNER_CAPABILITIES,

@@ -12,7 +12,7 @@ watermark; only this class computes minima.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 
 from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
 
@@ -28,8 +28,8 @@ SIDE_INPUT_GATE = 'side_input_gate'
 class PartitionWatermarks:
     """A partition's input channels and named holds."""
 
-    def __init__(self, channels: Iterable[Hashable] = ()) -> None:
-        self._channels: dict[Hashable, int] = dict.fromkeys(channels, MIN_WATERMARK)
+    def __init__(self) -> None:
+        self._channels: dict[Hashable, int] = {}
         self._holds: dict[str, int] = {}
 
     def hear(self, channel: Hashable, watermark: int) -> None:

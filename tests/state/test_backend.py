@@ -18,6 +18,9 @@ Values are compared in a plain form (`BackendContract.plain`): Beam's
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Mapping
+
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
@@ -31,6 +34,7 @@ from beam_streams_runner.state.backend import (
     PICKLE_CODEC,
     PROCESSING_TIME,
     KeyedStateBackend,
+    split_entry,
 )
 from beam_streams_runner.translators.streaming_group_by_key import (
     TRIGGER,
@@ -66,6 +70,22 @@ def observe(backend: KeyedStateBackend, plain=_same) -> dict:
         'meta': (backend.watermark, backend.processing_time, backend.get_meta('note')),
         'next_seq': (backend.event_timers.next_seq, backend.processing_timers.next_seq),
     }
+
+
+def decoded(state: Mapping[bytes, bytes], values=list) -> dict:
+    """A delta's (or a state's) values as plain data: b'm' unpickled, each key's header
+    (windows, hold, timers) and `values` of its (namespace, value) pairs. Both codecs
+    write pickles (the trigger state's as plain lists), so `pickle.loads` reads either;
+    two encodings of equal state may differ in their bytes (pickle's memo follows
+    object identity)."""
+    out = {}
+    for name, value in state.items():
+        if name == b'm':
+            out[name] = pickle.loads(value)
+            continue
+        header, body = split_entry(value)
+        out[name] = (header, values(pickle.loads(body) if body else ()))
+    return out
 
 
 def apply_delta(state: dict[bytes, bytes], delta: tuple[dict, set]) -> None:

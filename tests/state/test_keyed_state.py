@@ -22,9 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.backend import KeyedStateBackend, never_pinned
 from beam_streams_runner.state.keyed_state import KeyedStateIndex
 from beam_streams_runner.state.state_handler import PartitionStateHandler
+from tests.state import test_state_handler as state_handler_tests
+from tests.state.test_backend import decoded
 
 KEY_POOL = [b'', b'a', b'b', b'ab', b'\x00', b'\xff', b'\xff\xff']
 KEYS = st.sampled_from(KEY_POOL) | st.binary(max_size=3)
@@ -43,10 +45,6 @@ SORT_KEYS = st.integers(min_value=-8, max_value=8)
 StateKey = beam_fn_api_pb2.StateKey
 ENTRY_CODER = coders.TupleCoder(
     [coders.VarIntCoder(), coders.LengthPrefixCoder(coders.BytesCoder())]).get_impl()
-
-
-def never_pinned(key: bytes) -> bool:
-    return False
 
 
 def brute_force_candidates(windows, up_to):
@@ -146,19 +144,13 @@ def test_index_records_window_changes_in_its_owners_set():
 
 def bag_key(key: bytes, cell: tuple) -> StateKey:
     transform_id, state_id, window = cell
-    return StateKey(bag_user_state=StateKey.BagUserState(
-        transform_id=transform_id, user_state_id=state_id, window=window, key=key))
+    return state_handler_tests.bag_key(key, window, state_id, transform_id)
 
 
 def ordered_key(key: bytes, cell: tuple, start: int | None = None,
                 end: int | None = None) -> StateKey:
     transform_id, state_id, window = cell
-    state_key = StateKey(ordered_list_user_state=StateKey.OrderedListUserState(
-        transform_id=transform_id, user_state_id=state_id, window=window, key=key))
-    if start is not None:
-        state_key.ordered_list_user_state.range.start = start
-        state_key.ordered_list_user_state.range.end = end
-    return state_key
+    return state_handler_tests.ordered_key(key, window, state_id, transform_id, start, end)
 
 
 def multimap_key(key: bytes, cell: tuple, map_key: bytes) -> StateKey:
@@ -464,25 +456,6 @@ def test_live_keys_count_keys_whose_cleared_windows_are_not_collected_yet():
 
 # Few keys, so that operations after a restore keep meeting restored keys.
 FEW_KEYS = st.sampled_from([b'', b'a', b'\xff'])
-_HEADER_LENGTH = struct.Struct('<I')
-
-
-def decoded_state(state: dict[bytes, bytes]) -> dict:
-    """A snapshot (or delta) as plain data: each key's header (windows, hold, event and
-    processing timers) and values (pickle codec), and the partition's b'm' value."""
-    out = {}
-    for name, value in state.items():
-        if name == b'm':
-            out[name] = pickle.loads(value)
-            continue
-        (length,) = _HEADER_LENGTH.unpack_from(value)
-        end = _HEADER_LENGTH.size + length
-        body = bytes(value[end:])
-        out[name] = (marshal.loads(bytes(value[_HEADER_LENGTH.size:end])),
-                     dict(pickle.loads(body)) if body else {})
-    return out
-
-
 def touch_every_key(backend: KeyedStateBackend) -> None:
     """Decodes every restored key (reading is no change)."""
     for key in backend.keys():
@@ -557,7 +530,7 @@ class LazyRestoreMachine(RuleBasedStateMachine):
     def indistinguishable(self):
         live = self.backends[0]
         changed = [set(backend._changed) for backend in self.backends]
-        expected = decoded_state(live.snapshot())
+        expected = decoded(live.snapshot(), dict)
         for backend in self.backends[1:]:
             assert backend.keys() == live.keys()
             assert backend.all_keys() == live.all_keys()
@@ -565,7 +538,7 @@ class LazyRestoreMachine(RuleBasedStateMachine):
             assert set(backend.expiry.keys()) == set(live.expiry.keys())
             assert (sorted(backend.expiry.candidates(100))
                     == sorted(live.expiry.candidates(100)))
-            assert decoded_state(backend.snapshot()) == expected
+            assert decoded(backend.snapshot(), dict) == expected
         for backend, before in zip(self.backends, changed, strict=True):
             assert backend._changed == before  # encoding records no change
 
@@ -611,7 +584,7 @@ def test_lazily_restored_keys_stay_encoded_until_used():
     lazy.add_window(b'c', 11)
     dirty, _ = lazy.take_delta()
     assert set(dirty) == {b'kc', b'm'} and b'c' in lazy._raw
-    assert decoded_state(dirty)[b'kc'] == (
+    assert decoded(dirty, dict)[b'kc'] == (
         ([7, 9, 11], None, [], []),
         {cell: [b'cc'], ordered: {3: [ENTRY_CODER.encode((3, b'o'))]}})
     # Deleting an undecoded key drops its bytes and lists it deleted.

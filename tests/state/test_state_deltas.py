@@ -22,11 +22,8 @@ The backend's own contract (values, windows, timers, holds, deltas, restores) is
 
 from __future__ import annotations
 
-import marshal
-import pickle
 import random
-import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import apache_beam as beam
 import pytest
@@ -52,7 +49,7 @@ from beam_streams_runner.translators.streaming_group_by_key import (
     StreamingGroupByKeyOperator,
 )
 from beam_streams_runner.worker.partition_cache import PartitionStateCache
-from tests.state.test_backend import apply_delta, observe, plain_trigger_state
+from tests.state.test_backend import apply_delta, decoded, observe, plain_trigger_state
 
 KEY_POOL = [b'', b'a', b'b', b'\xff']
 BAG_CELLS = [('t1', 's1', b'w1'), ('t1', 's1', b'w2'), ('t2', 's1', b'w1')]
@@ -69,26 +66,6 @@ TIMESTAMPS = st.integers(-10, 10)
 StateKey = beam_fn_api_pb2.StateKey
 ENTRY_CODER = coders.TupleCoder(
     [coders.VarIntCoder(), coders.LengthPrefixCoder(coders.BytesCoder())]).get_impl()
-_HEADER_LENGTH = struct.Struct('<I')
-
-
-def decoded(state: Mapping[bytes, bytes]) -> dict:
-    """A delta's (or a state's) values as plain data: b'm' unpickled, each key's header
-    (windows, hold, timers) and values. Both codecs write pickles (the trigger state's
-    as plain lists), so `pickle.loads` reads either."""
-    out = {}
-    for name, value in state.items():
-        if name == b'm':
-            out[name] = pickle.loads(value)
-            continue
-        (length,) = _HEADER_LENGTH.unpack_from(value)
-        end = _HEADER_LENGTH.size + length
-        body = bytes(value[end:])
-        out[name] = (marshal.loads(bytes(value[_HEADER_LENGTH.size:end])),
-                     pickle.loads(body) if body else [])
-    return out
-
-
 def decoded_delta(delta: tuple[dict, set]) -> tuple[dict, set]:
     dirty, deleted = delta
     return decoded(dirty), deleted

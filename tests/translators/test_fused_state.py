@@ -14,10 +14,8 @@
 from __future__ import annotations
 
 import copy
-import marshal
 import pickle
 import random
-import struct
 
 import apache_beam as beam
 import pytest
@@ -39,6 +37,7 @@ from beam_streams_runner.state.beam_user_state import (
     _pickled_or_none,
 )
 from beam_streams_runner.translators.par_do import FusedStageOperator
+from tests.state.test_backend import decoded
 
 # TimerReader --------------------------------------------------------------------------
 
@@ -231,20 +230,10 @@ def run_epoch(op: FusedStageOperator, state: KeyedStateBackend, encode, epoch):
             state.live_keys(), len(state.event_timers))
 
 
-def decoded_value(value: bytes):
-    """A persisted key's header (windows, hold, timers) and values, or the partition's
-    meta, decoded: two encodings of equal state may differ in their bytes (pickle's
-    memo follows object identity)."""
-    (length,) = struct.unpack_from('<I', value)
-    header = marshal.loads(value[4:4 + length])
-    body = value[4 + length:]
-    return header, dict(pickle.loads(body)) if body else {}
-
-
 def decoded_delta(delta):
+    """A delta's values decoded, each key's values as a dict."""
     dirty, deleted = delta
-    return {name: pickle.loads(value) if name == b'm' else decoded_value(value)
-            for name, value in dirty.items()}, deleted
+    return decoded(dirty, dict), deleted
 
 
 def churn(rng: random.Random, epochs: int) -> list:
