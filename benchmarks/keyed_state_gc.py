@@ -970,4 +970,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == '__main__':
-    main()
+    # A run that failed, wrote a wrong output or broke the memory rule fails the command.
+    sys.exit(0 if all(row['status'] == 'ok' and sink_check.is_ok(row['output_ok'])
+                      and row['rule'] in ('pass', '-')
+                      for row in main()) else 1)
