@@ -9,10 +9,10 @@ commit before it on the same machine, in the same invocation, one after the othe
 
 Each commit is exported (`git archive`) into a directory of its own and installed,
 without its dependencies, into a virtualenv of its own that sees this Python's
-packages (PySpark, Beam): the commit's package shadows any editable install, and the
-benchmark runs with that directory as its working directory, so the driver and
-PySpark's workers (started with `-m`, the working directory first on their path)
-import that commit's code and that commit's benchmark. Every run writes to
+packages (PySpark, Beam) but not an editable install of this package; the benchmark
+runs in a directory holding only the commit's `benchmarks/`, so the driver and
+PySpark's workers import that commit's code and that commit's benchmark (the run
+checks where the package comes from before it starts). Every run writes to
 `OUT/<commit>/`; the benchmark's `--out` is appended to its arguments.
 
 The verdict compares every file under each run's `outputs/` directory (the NEXMark
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -56,28 +57,50 @@ def _resolve(commit: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+# Run at every start of the virtualenv's Python (driver and PySpark workers): an editable
+# install of the package in the shared site-packages appends a finder that would answer
+# for any module the commit lacks; without it, a missing module fails as it should.
+NO_EDITABLE_FINDERS = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, '__module__', '').startswith('__editable__')]
+sys.path_hooks[:] = [h for h in sys.path_hooks
+                     if not getattr(h, '__module__', '').startswith('__editable__')]
+"""
+
+
 def prepare(sha: str, work: Path) -> tuple[Path, Path]:
-    """The commit's tree in `work/<sha>/tree` and a virtualenv with it installed."""
-    tree, venv = work / sha / 'tree', work / sha / 'venv'
-    if not (venv / 'bin' / 'python').exists():
-        tree.mkdir(parents=True, exist_ok=True)
+    """A directory to run in, holding the commit's `benchmarks/`, and the Python of a
+    virtualenv with the commit's package installed (not importable from that directory:
+    the package's subpackages live beside it in the tree, mapped in at install)."""
+    tree, venv, run_dir = work / sha / 'tree', work / sha / 'venv', work / sha / 'run'
+    installed = work / sha / 'installed'
+    if not installed.exists():
+        shutil.rmtree(work / sha, ignore_errors=True)
+        tree.mkdir(parents=True)
         archive = subprocess.run(['git', 'archive', '--format=tar', sha], cwd=REPO,
                                  check=True, capture_output=True).stdout
         archive_path = work / sha / 'tree.tar'
         archive_path.write_bytes(archive)
         with tarfile.open(archive_path) as tar:
             tar.extractall(tree, filter='data')
-        subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)],
-                       check=True)
+        subprocess.run([sys.executable, '-m', 'venv', '--clear', '--system-site-packages',
+                        str(venv)], check=True)
         subprocess.run([str(venv / 'bin' / 'python'), '-m', 'pip', 'install', '-q',
-                        '--no-deps', '--no-build-isolation', str(tree)], check=True)
-    return tree, venv / 'bin' / 'python'
+                        '--no-deps', str(tree)], check=True)
+        site = subprocess.run([str(venv / 'bin' / 'python'), '-c',
+                               'import sysconfig; print(sysconfig.get_path("purelib"))'],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, 'sitecustomize.py').write_text(NO_EDITABLE_FINDERS)
+        run_dir.mkdir()
+        (run_dir / 'benchmarks').symlink_to(tree / 'benchmarks')
+        installed.touch()
+    return run_dir, venv / 'bin' / 'python'
 
 
 def run_commit(run: CommitRun, work: Path, benchmark: Sequence[str]) -> None:
-    tree, python = prepare(run.sha, work)
+    run_dir, python = prepare(run.sha, work)
     probe = 'import beam_streams_runner as m; print(m.__file__)'
-    found = subprocess.run([str(python), '-c', probe], cwd=tree, check=True,
+    found = subprocess.run([str(python), '-c', probe], cwd=run_dir, check=True,
                            capture_output=True, text=True).stdout.strip()
     if not found.startswith(str(work / run.sha)):
         raise SystemExit(f'{run.commit}: the virtualenv imports {found}, not the commit\'s own '
@@ -87,7 +110,7 @@ def run_commit(run: CommitRun, work: Path, benchmark: Sequence[str]) -> None:
     print(f'[side-by-side] {run.commit} ({run.sha}): {" ".join(command)}', flush=True)
     started = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    run.returncode = subprocess.run(command, cwd=tree, env=env).returncode
+    run.returncode = subprocess.run(command, cwd=run_dir, env=env).returncode
     run.wall_s = time.monotonic() - started
     print(f'[side-by-side] {run.commit}: exit {run.returncode} after {run.wall_s:.0f} s',
           flush=True)
