@@ -185,3 +185,21 @@ def _configured_worker_python() -> str:
 
 class InvalidPipelineError(StreamsSparkRunnerError, ValueError):
     """The pipeline breaks a rule of Beam's model; the message says what to change."""
+
+
+class CheckpointStoreUnavailableError(StreamsSparkRunnerError):
+    """The checkpoint store cannot be reached or refuses the runner: a fault, not a bug.
+
+    `store` is the store's URL with any password masked, `problem` what failed
+    (connection refused, timed out, authentication failed, ...), and the message
+    says what to do. The runner may treat it as a transient fault and retry.
+    """
+
+    def __init__(self, store: str, problem: str, remedy: str) -> None:
+        self.store = store
+        self.problem = problem
+        self.remedy = remedy
+        super().__init__(f'Checkpoint store {store} is unavailable: {problem}. {remedy}')
+
+    def __reduce__(self):
+        return (type(self), (self.store, self.problem, self.remedy))

@@ -2,26 +2,51 @@
 
 `StreamsSparkOptions` adds the runner's flags to Beam's `PipelineOptions`
 (`--spark_master`, `--spark_conf`, `--parallelism`, `--bundle_size`,
-`--bundle_time_ms`, `--target_latency_ms`, `--no_keyed_state_gc`).
+`--bundle_time_ms`, `--target_latency_ms`, `--no_keyed_state_gc`, and the
+consistent-region flags `--checkpoint_store`, `--checkpoint_period_s`,
+`--checkpoint_mode`, `--drain_timeout_s`, `--reset_timeout_s`,
+`--max_consecutive_reset_attempts`, `--consistent_region`, `--autonomous_steps`,
+`--checkpoint_hmac_key_env`, `--restart_from_scratch`).
 `validate_streams_spark_options` checks them all at once and raises one
 `InvalidOptionsError` that lists every problem and its fix, so a user fixes a
-command line in one go instead of one flag per run.
+command line in one go instead of one flag per run; `checkpoint_settings` hands
+the runner the consistent-region flags parsed into one `CheckpointSettings`.
+
+A checkpoint store URL may hold a Redis password. It is kept as a `SecretUrl`, a
+`str` whose content is the real URL (for the Redis client) but whose str(),
+repr() and format() show the password as '***', so printing the options,
+logging them or an error message never shows it.
 """
 
 from __future__ import annotations
 
 import difflib
+import getpass
+import math
 import os
 import re
+import secrets
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from beam_streams_runner.regions.layout import RegionLayout, RegionLayoutError, parse_region_layout
 
 __all__ = [
+    'CheckpointSettings',
     'InvalidOptionsError',
+    'SecretUrl',
     'StreamsSparkOptions',
+    'checkpoint_settings',
     'configured_parallelism',
+    'default_checkpoint_root',
+    'default_checkpoint_store',
+    'new_job_name',
     'parse_spark_conf',
+    'redact_url',
     'spark_parallelism',
     'validate_streams_spark_options',
 ]
@@ -31,6 +56,17 @@ DEFAULT_BUNDLE_SIZE = 1000
 DEFAULT_BUNDLE_TIME_MS = 100
 DEFAULT_TARGET_LATENCY_MS = 1000
 _UNSET_PARALLELISM = -1  # FlinkRunnerOptions' default for the shared --parallelism flag
+
+DEFAULT_CHECKPOINT_PERIOD_S = 10.0
+CHECKPOINT_MODES = ('non_blocking', 'blocking')
+DEFAULT_CHECKPOINT_MODE = 'non_blocking'
+DEFAULT_DRAIN_TIMEOUT_S = 180.0
+DEFAULT_RESET_TIMEOUT_S = 180.0
+DEFAULT_MAX_CONSECUTIVE_RESET_ATTEMPTS = 5
+# What the runner keeps on this machine (the default stores: <home>/checkpoints/<job>);
+# the variable moves it.
+RUNNER_HOME_ENV = 'BEAM_STREAMS_RUNNER_HOME'
+DEFAULT_RUNNER_HOME = '~/.beam_streams_runner'
 
 # local, local[N], local[*], local[N,F], local[*,F] (F = max task failures).
 _LOCAL_MASTER = re.compile(r'local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?')
@@ -47,6 +83,77 @@ class InvalidOptionsError(ValueError):
     """The runner's pipeline options are wrong; the message lists every problem."""
 
 
+# scheme:// then the user information: everything up to the LAST '@', since an unencoded
+# '@' (or '/', '?', '#') in a password must not leave part of it in sight.
+_USERINFO = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>.*)@', re.DOTALL)
+# A query argument carrying a secret (redis-py takes ?password=...).
+_SECRET_QUERY = re.compile(r'([?&][^=&#?]*pass[^=&#]*=)[^&#]*', re.IGNORECASE)
+
+
+def redact_url(text: str) -> str:
+    """`text` with the password of the URL in it shown as '***' (the user name is kept),
+    in the user information or in a query argument whose name holds 'pass'.
+
+    Errs on hiding: user information without ':' (which Redis may take as a
+    password) and a user name holding '/', '?' or '#' are hidden whole.
+    """
+    text = str.__str__(text)  # the real content, also of a SecretUrl
+    if '://' not in text:
+        return text
+    text = _SECRET_QUERY.sub(lambda query: query.group(1) + '***', text)
+    match = _USERINFO.search(text)
+    if match is None:
+        return text
+    if match.group('scheme').lower() == 'file://':
+        # A file URL's path may hold '@': only an '@' in the host part is user information.
+        authority = text[match.start('userinfo'):].split('/', 1)[0]
+        if '@' not in authority:
+            return text
+        match = _USERINFO.search(text, 0, match.start('userinfo') + len(authority))
+    user, colon, _ = match.group('userinfo').partition(':')
+    shown = f'{user}:***' if colon and not set(user) & set('/?#') else '***'
+    return text[:match.start('userinfo')] + shown + text[match.end('userinfo'):]
+
+
+class SecretUrl(str):
+    """A URL whose password stays out of logs and messages.
+
+    The string content is the real URL, so `urllib.parse.urlsplit(url)` and
+    `redis.Redis.from_url(url)` see the password; `str()`, `repr()`, `%s`, f-strings
+    and `format()` show `redacted`, the URL with the password as '***'. Pass the
+    object itself to a client: `str(url)` is the redacted text. `reveal()` gives
+    the real URL as a plain `str`, for the one place that needs it.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: object = '') -> SecretUrl:
+        # str(value) of a SecretUrl is the redacted text: copy the real content instead.
+        return super().__new__(cls, str.__str__(value) if isinstance(value, str) else value)
+
+    @property
+    def redacted(self) -> str:
+        """The URL with its password shown as '***'."""
+        return redact_url(self)
+
+    def reveal(self) -> str:
+        """The real URL, password included, as a plain str: never log it."""
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        return self.redacted
+
+    def __repr__(self) -> str:
+        return repr(self.redacted)
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.redacted, format_spec)
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        # Pickled (shipped to Spark tasks, copied) with its real content.
+        return (SecretUrl, (str.__str__(self),))
+
+
 def _int_or_text(value: str) -> int | str:
     """The argparse type of the runner's integer flags. A value that is not an integer
     stays text, so that validation reports it with every other problem; argparse's own
@@ -57,8 +164,23 @@ def _int_or_text(value: str) -> int | str:
         return value
 
 
+def _float_or_text(value: str) -> float | str:
+    """The argparse type of the runner's number flags: see `_int_or_text`."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 class StreamsSparkOptions(PipelineOptions):
-    """Options of the StreamsSparkRunner (where Spark runs, and how data is bundled)."""
+    """Options of the StreamsSparkRunner (where Spark runs, how data is bundled, and
+    the consistent regions of a streaming pipeline)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        # A store URL set from code is kept out of logs as one given on the command line.
+        if name == 'checkpoint_store' and isinstance(value, str):
+            value = SecretUrl(value)
+        super().__setattr__(name, value)
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
@@ -125,6 +247,85 @@ class StreamsSparkOptions(PipelineOptions):
             help=('Keep the keyed state of expired windows instead of garbage-collecting '
                   'it through the ordered expiry index. Memory then grows with every key '
                   'ever seen: only for comparison benchmarks.'))
+        _add_checkpoint_args(parser)
+
+
+def _add_checkpoint_args(parser) -> None:
+    """The consistent-region flags (streaming: checkpoint, reset and replay)."""
+    parser.add_argument(
+        '--checkpoint_store',
+        type=SecretUrl,
+        default=None,
+        metavar='URL',
+        help=('Where consistent regions keep their checkpoints: '
+              'redis://[[user]:password@]host[:port][/db] (port 6379 and db 0 when left '
+              'out), rediss://... for Redis over TLS, file:///absolute/path or a directory '
+              "path. Percent-encode '/', '?', '#', '[' and ']' in a password; the password "
+              'never appears in logs or messages. A job keeps its state under its '
+              '--job_name: a run with the same --job_name and --checkpoint_store resumes '
+              'it. Default: the directory <home>/checkpoints/<job_name>, where <home> is '
+              f'${RUNNER_HOME_ENV} or {DEFAULT_RUNNER_HOME}.'))
+    parser.add_argument(
+        '--checkpoint_period_s',
+        type=_float_or_text,
+        default=DEFAULT_CHECKPOINT_PERIOD_S,
+        help=('Streaming: seconds between two checkpoints of the consistent regions; 0 '
+              'turns consistent regions off (no checkpoints, no recovery). Default: '
+              f'{DEFAULT_CHECKPOINT_PERIOD_S:g}.'))
+    parser.add_argument(
+        '--checkpoint_mode',
+        default=DEFAULT_CHECKPOINT_MODE,
+        help=('non_blocking: a region keeps processing while its checkpoint is written; '
+              'blocking: it waits for the checkpoint to be stored. Default: '
+              f'{DEFAULT_CHECKPOINT_MODE}.'))
+    parser.add_argument(
+        '--drain_timeout_s',
+        type=_float_or_text,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        help=('Seconds a region may take to drain its in-flight data and write a '
+              'checkpoint before the attempt fails and the region resets. Default: '
+              f'{DEFAULT_DRAIN_TIMEOUT_S:g}.'))
+    parser.add_argument(
+        '--reset_timeout_s',
+        type=_float_or_text,
+        default=DEFAULT_RESET_TIMEOUT_S,
+        help=('Seconds a region may take to reset to its last checkpoint before the '
+              f'attempt counts as failed. Default: {DEFAULT_RESET_TIMEOUT_S:g}.'))
+    parser.add_argument(
+        '--max_consecutive_reset_attempts',
+        type=_int_or_text,
+        default=DEFAULT_MAX_CONSECUTIVE_RESET_ATTEMPTS,
+        help=('Resets of a region in a row, without a checkpoint in between, before the '
+              f'pipeline fails. Default: {DEFAULT_MAX_CONSECUTIVE_RESET_ATTEMPTS}.'))
+    parser.add_argument(
+        '--consistent_region',
+        action='append',
+        default=None,
+        metavar='NAME=STEP_PREFIX[,STEP_PREFIX...]',
+        help=('A consistent region: its name and the steps in it, each named by its full '
+              "label or the label of a composite around it ('Count' names "
+              "'Count/CombinePerKey/...'). Repeat the flag for several regions; regions "
+              'must not feed each other, and every step must then be in a region or in '
+              '--autonomous_steps. Default: one region, named default, of every step.'))
+    parser.add_argument(
+        '--autonomous_steps',
+        default=None,
+        metavar='STEP_PREFIX[,STEP_PREFIX...]',
+        help=('Steps outside every consistent region (not checkpointed, not replayed), '
+              'named as in --consistent_region; they win over a region naming them too.'))
+    parser.add_argument(
+        '--checkpoint_hmac_key_env',
+        default=None,
+        metavar='VAR',
+        help=('The name of an environment variable holding a key that authenticates '
+              'every checkpoint chunk (HMAC), so a checkpoint altered in the store is '
+              'refused. Give the name of the variable, not the key. Default: none.'))
+    parser.add_argument(
+        '--restart_from_scratch',
+        action='store_true',
+        default=False,
+        help=('Delete the stored state of this job (its --job_name in the '
+              '--checkpoint_store) and start again instead of resuming it.'))
 
 
 def configured_parallelism(options: PipelineOptions) -> int | None:
@@ -176,7 +377,10 @@ def _format(problems: list[str]) -> str:
 
 # The runner's flags as written on a command line (--no_keyed_state_gc sets keyed_state_gc).
 _RUNNER_FLAGS = ('spark_master', 'spark_conf', 'parallelism', 'bundle_size', 'bundle_time_ms',
-                 'target_latency_ms', 'no_keyed_state_gc')
+                 'target_latency_ms', 'no_keyed_state_gc', 'checkpoint_store',
+                 'checkpoint_period_s', 'checkpoint_mode', 'drain_timeout_s', 'reset_timeout_s',
+                 'max_consecutive_reset_attempts', 'consistent_region', 'autonomous_steps',
+                 'checkpoint_hmac_key_env', 'restart_from_scratch')
 
 
 def _known_flags() -> set[str]:
@@ -212,8 +416,10 @@ def _misspelled_flags(options: PipelineOptions) -> list[str]:
             continue
         known = _known_flags() if known is None else known
         if '--' + name not in known:
-            problems.append(f'{arg!r} is not an option of the runner or of Beam (Beam would '
-                            f'ignore it and use the default); did you mean --{close[0]}?')
+            # The flag may carry a store URL: its password must not reach the message.
+            problems.append(f'{redact_url(arg)!r} is not an option of the runner or of Beam '
+                            '(Beam would ignore it and use the default); did you mean '
+                            f'--{close[0]}?')
     return problems
 
 
@@ -224,6 +430,9 @@ def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOpti
     option, the bad value and what to write instead.
     """
     opts = options.view_as(StreamsSparkOptions)
+    if isinstance(opts.checkpoint_store, str):
+        # Given to PipelineOptions(checkpoint_store=...) as a plain str: hide it from now on.
+        opts.checkpoint_store = opts.checkpoint_store
     problems: list[str] = []
     master = opts.spark_master
     if not isinstance(master, str) or not is_valid_spark_master(master.strip()):
@@ -243,6 +452,7 @@ def validate_streams_spark_options(options: PipelineOptions) -> StreamsSparkOpti
     if isinstance(conf, str):  # set programmatically as one string
         conf = [conf]
     problems.extend(_conf_problems(conf))
+    problems.extend(_parse_checkpoint_settings(options)[1])
     problems.extend(_misspelled_flags(options))
     if problems:
         raise InvalidOptionsError(_format(problems))
@@ -272,3 +482,213 @@ def spark_parallelism(options: PipelineOptions) -> int:
         if threads != '*':
             return int(threads)
     return os.cpu_count() or 1
+
+
+# Checkpoint settings (consistent regions) ---------------------------------------------
+
+_URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')
+# 'localhost:6379', 'redis:host', 'file:/x': a URL mistyped, not a directory name.
+_SCHEME_LIKE = re.compile(r'[A-Za-z][A-Za-z0-9+.-]*:')
+_STORE_FORMS = ('redis://[[user]:password@]host[:port][/db], rediss://... (Redis over TLS), '
+                'file:///absolute/path or a directory path')
+_ENV_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """The consistent-region options, parsed and checked (see `checkpoint_settings`).
+
+    `store_url` is None when `--checkpoint_store` is not given: the store is then
+    `default_checkpoint_store(job_name)` (`store_url_for`). `job_name` is Beam's
+    `--job_name`, None when not given: the run is then a new job, which nothing
+    resumes (`new_job_name`).
+    """
+
+    store_url: SecretUrl | None
+    period_s: float
+    mode: str
+    drain_timeout_s: float
+    reset_timeout_s: float
+    max_consecutive_reset_attempts: int
+    layout: RegionLayout
+    hmac_key_env: str | None
+    restart_from_scratch: bool
+    job_name: str | None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether consistent regions are on (`--checkpoint_period_s` > 0)."""
+        return self.period_s > 0
+
+    def store_url_for(self, job_name: str) -> SecretUrl:
+        """`--checkpoint_store`, or else the default directory of job `job_name`."""
+        if self.store_url is not None:
+            return self.store_url
+        return default_checkpoint_store(job_name)
+
+
+def default_checkpoint_root() -> str:
+    """The directory holding the default stores, absolute: <home>/checkpoints, where
+    <home> is $BEAM_STREAMS_RUNNER_HOME or else ~/.beam_streams_runner."""
+    home = os.environ.get(RUNNER_HOME_ENV) or DEFAULT_RUNNER_HOME
+    return os.path.join(os.path.abspath(os.path.expanduser(home)), 'checkpoints')
+
+
+def default_checkpoint_store(job_name: str) -> SecretUrl:
+    """The default store of job `job_name`: a directory named after it under the root.
+
+    The name is percent-escaped (every character but letters, digits, '-', '_' and
+    '.', and a leading '.'), so any job name is one directory of its own and two
+    names never share one.
+    """
+    if not job_name:
+        raise ValueError('A job name is needed to name the default checkpoint store')
+    name = quote(job_name, safe='-_.')
+    if name.startswith('.'):  # '.', '..' and hidden directories
+        name = '%2E' + name[1:]
+    return SecretUrl(os.path.join(default_checkpoint_root(), name))
+
+
+def new_job_name() -> str:
+    """A fresh job name, for a run without --job_name: beamapp-<user>-<UTC time>-<random>."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError, ImportError):  # no login name, no passwd entry
+        user = ''
+    user = re.sub(r'[^a-z0-9]+', '-', user.lower()).strip('-') or 'user'
+    stamp = time.strftime('%Y%m%d-%H%M%S', time.gmtime())
+    return f'beamapp-{user}-{stamp}-{secrets.token_hex(3)}'
+
+
+def _redis_problems(url: SecretUrl, where: str) -> list[str]:
+    """The form of a redis:// or rediss:// URL; messages show only its redacted text."""
+    form = f"{url.split(':', 1)[0].lower()}://[[user]:password@]host[:port][/db]"
+    try:
+        parsed = urlsplit(url)
+        port = parsed.port  # a ValueError when not a number from 0 to 65535
+    except ValueError:
+        return [f'{where} is not a {form} URL: its host or port cannot be read; '
+                "percent-encode '/', '?', '#', '[' and ']' in the password."]
+    problems = []
+    if not parsed.hostname:
+        problems.append(f'{where} has no host; write {form}.')
+    if port == 0:
+        problems.append(f'{where}: port 0 is not a port; write {form} (default port 6379).')
+    db = parsed.path.strip('/')
+    if db and not db.isdigit():
+        problems.append(f'{where}: the database after the host must be a number, as in '
+                        f'{form.replace("[/db]", "/0")}.')
+    return problems
+
+
+def _store_problems(value: object) -> list[str]:
+    """Whether `--checkpoint_store` has one of the accepted forms (not reachability)."""
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        return [f'--checkpoint_store must be a URL or a path, not {type(value).__name__}.']
+    url = SecretUrl(value)
+    where = f'--checkpoint_store={url!r}'  # redacted
+    match = _URL_SCHEME.match(url)
+    if not url.strip():
+        return [f'{where} is empty; use one of {_STORE_FORMS}, or leave it out for a '
+                'directory named after the job.']
+    if match is None:
+        if _SCHEME_LIKE.match(url):
+            return [f'{where} is neither a URL nor a directory path; use one of '
+                    f'{_STORE_FORMS} (./{url.redacted} for a directory with this name).']
+        return []
+    scheme = match.group(1).lower()
+    if scheme in ('redis', 'rediss'):
+        return _redis_problems(url, where)
+    if scheme == 'file':
+        parsed = urlsplit(url)
+        if parsed.netloc not in ('', 'localhost') or not parsed.path.startswith('/'):
+            return [f"{where}: a file URL names a local absolute path, as in "
+                    "'file:///tmp/checkpoints'."]
+        return []
+    if scheme == 'memory':  # the stores' in-process store, for tests
+        return [] if not url[match.end():] else [f"{where}: write 'memory://' alone."]
+    return [f'{where}: unknown scheme {scheme!r}; use one of {_STORE_FORMS}.']
+
+
+def _seconds_problem(name: str, value: object, default: float, *, zero: str = '') -> list[str]:
+    """A finite number of seconds > 0 (>= 0 when `zero` says what 0 means)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
+        kind = 'a number of seconds >= 0' if zero else 'a positive number of seconds'
+        return [f'--{name}={value!r} must be {kind} (default {default:g}{zero}).']
+    return []
+
+
+def _checkpoint_value_problems(opts: StreamsSparkOptions, job_name: object) -> list[str]:
+    """Every consistent-region flag but the layout."""
+    problems = _store_problems(opts.checkpoint_store)
+    problems += _seconds_problem('checkpoint_period_s', opts.checkpoint_period_s,
+                                 DEFAULT_CHECKPOINT_PERIOD_S,
+                                 zero='; 0 turns consistent regions off')
+    if opts.checkpoint_mode not in CHECKPOINT_MODES:
+        problems.append(f'--checkpoint_mode={opts.checkpoint_mode!r} must be '
+                        f'{" or ".join(CHECKPOINT_MODES)} (default {DEFAULT_CHECKPOINT_MODE}).')
+    problems += _seconds_problem('drain_timeout_s', opts.drain_timeout_s,
+                                 DEFAULT_DRAIN_TIMEOUT_S)
+    problems += _seconds_problem('reset_timeout_s', opts.reset_timeout_s,
+                                 DEFAULT_RESET_TIMEOUT_S)
+    attempts = opts.max_consecutive_reset_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        problems.append(f'--max_consecutive_reset_attempts={attempts!r} must be an integer '
+                        f'>= 1 (default {DEFAULT_MAX_CONSECUTIVE_RESET_ATTEMPTS}).')
+    env = opts.checkpoint_hmac_key_env
+    if env is not None and not (isinstance(env, str) and _ENV_NAME.fullmatch(env)):
+        # Not echoed: a user who misread the flag may have given the key itself.
+        problems.append('--checkpoint_hmac_key_env is not an environment variable name '
+                        "(letters, digits and '_', not starting with a digit): give the "
+                        'name of the variable that holds the key, not the key.')
+    if isinstance(job_name, str) and not job_name.strip():
+        problems.append(f'--job_name={job_name!r} is empty: it names the job in the '
+                        'checkpoint store; give a name, or leave it out for a new job '
+                        'each run.')
+    return problems
+
+
+def _parse_checkpoint_settings(
+        options: PipelineOptions) -> tuple[CheckpointSettings | None, list[str]]:
+    """The settings, or None and every problem of the consistent-region flags."""
+    opts = options.view_as(StreamsSparkOptions)
+    job_name = options.view_as(GoogleCloudOptions).job_name
+    problems = _checkpoint_value_problems(opts, job_name)
+    try:
+        layout = parse_region_layout(opts.consistent_region, opts.autonomous_steps)
+    except RegionLayoutError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        return None, problems
+    store = opts.checkpoint_store
+    if store is not None:
+        # '~' left unexpanded by the shell (as in --checkpoint_store=~/ckpt) means home.
+        store = SecretUrl(store if _URL_SCHEME.match(store) else os.path.expanduser(store))
+    return CheckpointSettings(
+        store_url=store,
+        period_s=float(opts.checkpoint_period_s),
+        mode=opts.checkpoint_mode,
+        drain_timeout_s=float(opts.drain_timeout_s),
+        reset_timeout_s=float(opts.reset_timeout_s),
+        max_consecutive_reset_attempts=int(opts.max_consecutive_reset_attempts),
+        layout=layout,
+        hmac_key_env=opts.checkpoint_hmac_key_env,
+        restart_from_scratch=bool(opts.restart_from_scratch),
+        job_name=job_name,
+    ), []
+
+
+def checkpoint_settings(options: PipelineOptions) -> CheckpointSettings:
+    """The consistent-region options, parsed; raises `InvalidOptionsError` listing the
+    problems of these flags (`validate_streams_spark_options` lists them with the rest).
+
+    The region layout is checked here for its form only; the runner checks it
+    against the pipeline with `settings.layout.assign(steps)` and `check_edges`.
+    """
+    settings, problems = _parse_checkpoint_settings(options)
+    if settings is None:
+        raise InvalidOptionsError(_format(problems))
+    return settings

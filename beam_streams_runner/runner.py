@@ -35,7 +35,11 @@ from beam_streams_runner.driver.progress import find_endpoints
 from beam_streams_runner.driver.spark_session import get_or_create_spark
 from beam_streams_runner.driver.streaming import StreamingDriver
 from beam_streams_runner.errors import UnpicklableUserCodeError
-from beam_streams_runner.options import spark_parallelism, validate_streams_spark_options
+from beam_streams_runner.options import (
+    checkpoint_settings,
+    spark_parallelism,
+    validate_streams_spark_options,
+)
 from beam_streams_runner.result import StreamsSparkPipelineResult
 
 _LOGGER = logging.getLogger(__name__)
@@ -90,7 +94,8 @@ class StreamsSparkRunner(PipelineRunner):
                     on_progress=_log_progress,
                     target_latency_ms=spark_options.target_latency_ms,
                     keyed_state_gc=spark_options.keyed_state_gc,
-                    endpoints=find_endpoints(proto))
+                    endpoints=find_endpoints(proto),
+                    checkpoint=checkpoint_settings(options))
                 progress = driver.progress.records
             else:
                 driver = BatchDriver(

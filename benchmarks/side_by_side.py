@@ -51,6 +51,11 @@ class CommitRun:
     returncode: int | None = None
     wall_s: float = 0.0
 
+    @property
+    def label(self) -> str:
+        """The run's name in the report: its commit, and which run of it."""
+        return self.out.name
+
 
 def _resolve(commit: str) -> str:
     return subprocess.run(['git', 'rev-parse', '--short', commit], cwd=REPO, check=True,
@@ -134,7 +139,7 @@ def compare_outputs(runs: Sequence[CommitRun]) -> list[tuple[str, list[int | Non
         paths = [r.out / 'outputs' / name for r in runs]
         counts = [len(p.read_text().splitlines()) if p.exists() else None for p in paths]
         if None in counts:
-            verdict = 'missing in ' + ', '.join(runs[i].sha for i, c in enumerate(counts)
+            verdict = 'missing in ' + ', '.join(runs[i].label for i, c in enumerate(counts)
                                                 if c is None)
         elif not any(counts):
             verdict = 'empty in every run'
@@ -142,7 +147,7 @@ def compare_outputs(runs: Sequence[CommitRun]) -> list[tuple[str, list[int | Non
             texts = [p.read_bytes() for p in paths]
             differing = [i for i in range(1, len(runs)) if texts[i] != texts[0]]
             verdict = ('identical' if not differing else
-                       f'differs in {runs[differing[0]].sha}: '
+                       f'differs in {runs[differing[0]].label}: '
                        + first_difference(paths[0], paths[differing[0]]))
         rows.append((name, counts, verdict))
     return rows
@@ -167,8 +172,8 @@ def _own_reports(runs: Sequence[CommitRun], out: Path) -> list[str]:
     lines = []
     for run in runs:
         for path in sorted(run.out.glob('*.md')):
-            body = path.read_text().replace('](', f']({run.sha}/')
-            lines += ['', f'## {run.commit} ({run.sha}): {path.name}', '',
+            body = path.read_text().replace('](', f']({run.label}/')
+            lines += ['', f'## {run.commit} ({run.label}): {path.name}', '',
                       body.replace('\n# ', '\n### ').removeprefix('# ')]
     return lines
 
@@ -181,11 +186,11 @@ def report(runs: Sequence[CommitRun], benchmark: Sequence[str], out: Path) -> bo
              f'`python -m benchmarks.side_by_side --commits {",".join(r.commit for r in runs)} '
              f'--out {out} -- {" ".join(benchmark)}`', '',
              '| commit | exit | wall s |', '|---|---|---|']
-    lines += [f'| {r.commit} ({r.sha}) | {r.returncode} | {r.wall_s:.0f} |' for r in runs]
+    lines += [f'| {r.commit} ({r.label}) | {r.returncode} | {r.wall_s:.0f} |' for r in runs]
     times = wall_times(runs)
     if times:
         lines += ['', '## Wall time per query and runner (s), ratio to the first commit', '',
-                  '| run | ' + ' | '.join(r.sha for r in runs) + ' | ratio |',
+                  '| run | ' + ' | '.join(r.label for r in runs) + ' | ratio |',
                   '|---|' + '---|' * (len(runs) + 1)]
         for label, values in times:
             ratio = (f'{values[-1] / values[0]:.2f}' if values[0] and values[-1] is not None
@@ -220,7 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='where the commits are exported and installed')
     args, benchmark = parser.parse_args(argv[:split]), argv[split + 1:]
     out, work = Path(args.out).resolve(), Path(args.work)
-    runs = [CommitRun(c, sha := _resolve(c), out / sha) for c in args.commits.split(',')]
+    runs: list[CommitRun] = []
+    for commit in args.commits.split(','):
+        sha = _resolve(commit)
+        # A commit named twice runs twice: what differs then is the run, not the code.
+        repeat = sum(r.sha == sha for r in runs)
+        runs.append(CommitRun(commit, sha, out / (f'{sha}-{repeat + 1}' if repeat else sha)))
     for run in runs:
         run_commit(run, work, benchmark)
     return 0 if report(runs, benchmark, out) else 1

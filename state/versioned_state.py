@@ -1,29 +1,47 @@
 """Versioned partition state: a process-local cache over deltas and snapshots.
 
-Design section 8, first half. PySpark gives no task-to-process affinity, so the
-state of one (operator, partition) is versioned: its version is the last epoch
-applied. The operator's state is a mapping of byte keys to byte values (the
-operator decides what a key is). Every epoch's task
+Design section 8, first half, and section 12 (consistent regions). PySpark gives
+no task-to-process affinity, so the state of one (operator, partition) is
+versioned. The operator's state is a mapping of byte keys to byte values (the
+operator decides what a key is). A state is named by a `Revision`: the epoch
+that committed it (its version) and the number of the task attempt that wrote
+it. Every epoch's task
 
-1. `load`s the state at the version it expects (the previous epoch): from this
-   process's cache if it holds that version ('hit', no I/O, no copy), else by
-   applying the deltas the cache missed ('catch-up'), else from the last
-   snapshot plus the deltas after it ('snapshot');
-2. `commit`s the delta of what it changed (dirty and deleted keys) to the
-   checkpoint store *before* updating the cache, and only then reports
-   success; a task that fails `drop`s its cache entry.
+1. `load`s the state at the revision the driver names (its base): from this
+   process's cache if it holds that revision ('hit', no I/O, no copy), else by
+   applying the deltas the cache missed ('catch-up'), else from a snapshot plus
+   the deltas after it ('snapshot');
+2. `commit`s the delta of what it changed (dirty and deleted keys) as revision
+   (epoch, attempt) on top of its base (the delta's *parent*) to the checkpoint
+   store *before* updating the cache, and only then reports success; a task
+   that fails `drop`s its cache entry.
+
+Revisions form a tree, not a line. A reset to a consistent cut (section 12)
+makes the next epoch's parent the cut's revision, say 8 after a failure in
+epoch 12: epoch 13's delta sits on 8, and deltas 9-12 are an aborted lineage
+no load ever reads again (epoch numbers are never reused). Fencing: two
+attempts of one task (a Spark retry, a zombie) write under different keys, and
+the driver names the one that succeeded as the next base, so a late write of
+another attempt can never change what a load reads.
 
 Store layout, in the entry the caller names (one per operator partition): the
-delta of version v under b'd' + v and the snapshot (the full state) at v under
-b's' + v, v as 8 big-endian bytes so keys sort by version; both are written
-with `put_chunked`. Every `snapshot_every` versions a commit also writes a
-snapshot and deletes what no load of version-1 or later needs: a retried task
-(Spark re-running epoch v after v was committed) still loads v-1 exactly.
+delta of revision r under b'd' + r and the snapshot (the full state) at r under
+b's' + r, r as its version (8 big-endian bytes, so keys sort by version) and
+attempt (2 big-endian bytes); both are written with `put_chunked`. A delta
+records its *chain*: the revisions from its parent back to its base, the
+nearest ancestor with a snapshot (or the initial state), so one read of a delta
+says what else a load of it needs. When a chain reaches `snapshot_every`
+revisions, the commit also writes a snapshot and collects what no load needs:
+the commit's revision, its parent (a retried task reloads it) and the revisions
+the caller keeps (the driver's retained cuts) stay loadable with their chains;
+other deltas and snapshots older than the commit go (aborted lineages, failed
+attempts, old history).
 
-Payload encoding (compact, deterministic, not pickle): a header (kind,
-version, pair count, deletion count), then all lengths as little-endian
-uint32s in one block, then the keys and values, sorted by key. One
-`struct.unpack_from` reads every length, so decoding costs a slice per item.
+Payload encoding (compact, deterministic, not pickle): a header (kind, version,
+attempt, chain length, pair count, deletion count), the chain's versions and
+attempts, then all lengths as little-endian uint32s in one block, then the keys
+and values, sorted by key. One `struct.unpack_from` reads every length, so
+decoding costs a slice per item.
 """
 
 from __future__ import annotations
@@ -32,35 +50,55 @@ import struct
 import threading
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from beam_streams_runner.errors import StreamsSparkRunnerError
 from beam_streams_runner.stores.base import CheckpointStore
 
-INITIAL_VERSION = -1
+
+class Revision(NamedTuple):
+    """A committed state: the epoch that committed it and the task attempt that wrote it."""
+
+    version: int
+    attempt: int = 0
+
+
+INITIAL_REVISION = Revision(-1, 0)
 LOAD_KINDS = ('hit', 'catch-up', 'snapshot', 'initial')
 
 _DELTA = b'd'
 _SNAPSHOT = b's'
-_VERSION = struct.Struct('>Q')
-_KEY_LENGTH = 1 + _VERSION.size
-# kind, version, number of (key, value) pairs, number of deleted keys
-_PAYLOAD_HEADER = struct.Struct('<cqII')
-# A load racing another process's garbage collection retries this often.
-_LOAD_ATTEMPTS = 3
+_REVISION = struct.Struct('>QH')
+_KEY_LENGTH = 1 + _REVISION.size
+_MAX_VERSION = 2**63 - 1  # payloads hold versions as signed 8-byte integers
+_MAX_ATTEMPT = 2**16 - 1
+# kind, version, attempt, chain length, number of (key, value) pairs, of deleted keys
+_PAYLOAD_HEADER = struct.Struct('<cqHIII')
 
 
 class MissingStateError(StreamsSparkRunnerError):
     """The checkpoint store lacks a delta or snapshot needed to rebuild a state."""
 
 
+def as_revision(value: Revision | tuple[int, int] | int) -> Revision:
+    """`value` as a checked `Revision` (an int v means Revision(v, 0))."""
+    revision = Revision(value, 0) if isinstance(value, int) else Revision(*value)
+    version, attempt = revision
+    if not (isinstance(version, int) and isinstance(attempt, int)
+            and -1 <= version <= _MAX_VERSION and 0 <= attempt <= _MAX_ATTEMPT
+            and (version >= 0 or attempt == 0)):
+        raise ValueError(f'Not a revision: {value!r} (versions start at -1, the initial '
+                         f'state, attempts at 0 and below {_MAX_ATTEMPT + 1})')
+    return revision
+
+
 class VersionedStateCache:
     """Process-local cache of partition states over a CheckpointStore.
 
-    One instance per process serves every partition the process runs. Each
-    cache entry holds a version, the decoded state dict at that version, and
+    One instance per process and store serves every partition the process runs.
+    Each cache entry holds a revision, the decoded state dict at it, and
     optionally one object the caller attached (the live operator at that
-    version). One lock guards the cache; PySpark runs one task per Python
+    revision). One lock guards the cache; PySpark runs one task per Python
     worker at a time, so it is never contended in practice.
     """
 
@@ -85,145 +123,245 @@ class VersionedStateCache:
                     'bytes_read': self._bytes_read}
 
     # Loading -------------------------------------------------------------------------
-    def load(self, entry: str, expected_version: int) -> tuple[dict[bytes, bytes], str]:
-        """The state of `entry` at `expected_version` (-1: the initial, empty state),
-        and how it was obtained: 'hit', 'catch-up', 'snapshot' or 'initial'.
+    def load(self, entry: str, base: Revision | int) -> tuple[dict[bytes, bytes], str]:
+        """The state of `entry` at revision `base` (an int v: Revision(v, 0); -1: the
+        initial, empty state), and how it was obtained: 'hit', 'catch-up', 'snapshot'
+        or 'initial'.
 
         The dict returned is the cache's own (a hit copies nothing). The caller may
         change it in place during its task only if it `drop`s the entry when the
         task fails; `commit` applies the same changes again, harmlessly.
         Raises `MissingStateError` when the store lacks a delta or snapshot needed.
         """
-        if expected_version < INITIAL_VERSION:
-            raise ValueError(f'Versions start at {INITIAL_VERSION}, got {expected_version}')
+        target = as_revision(base)
         with self._lock:
             cached = self._cache.get(entry)
-            if expected_version == INITIAL_VERSION:
-                kind, state = 'initial', {}
-            elif cached is not None and cached.version == expected_version:
-                kind, state = 'hit', cached.state
+            if target == INITIAL_REVISION:
+                kind, cached = 'initial', _Cached(target, {}, [], None)
+            elif cached is not None and cached.revision == target:
+                kind = 'hit'
             else:
                 try:
-                    kind, state = self._read(entry, cached, expected_version)
+                    kind, cached = self._read(entry, cached, target)
                 except BaseException:
                     # A catch-up may have half-changed the cached dict.
                     self.drop(entry)
                     raise
-            if kind != 'hit':
-                self._cache[entry] = _Cached(expected_version, state)
+            self._cache[entry] = cached
             self._counts[kind] += 1
-            return state, kind
+            return cached.state, kind
 
     def _read(self, entry: str, cached: _Cached | None,
-              target: int) -> tuple[str, dict[bytes, bytes]]:
-        if cached is not None and cached.version < target:
-            state = self._catch_up(entry, cached.state, cached.version, target)
-            if state is not None:
-                return 'catch-up', state
-        return 'snapshot', self._rebuild(entry, target)
-
-    def _catch_up(self, entry: str, state: dict[bytes, bytes], version: int,
-                  target: int) -> dict[bytes, bytes] | None:
-        """`state` (at `version`) moved to `target` in place, or None if a delta is gone."""
-        deltas = []
-        for missed in range(version + 1, target + 1):
-            payload = self.store.get_chunked(entry, _DELTA + _VERSION.pack(missed))
-            if payload is None:
-                # Collected after a newer snapshot (or never written): the caller
-                # falls back to the snapshot, which reports a real gap.
-                return None
-            deltas.append(payload)
-        for missed, payload in enumerate(deltas, version + 1):
-            self._deltas_read += 1
-            self._bytes_read += len(payload)
-            _apply(state, *_decode(payload, _DELTA, missed, entry))
-        return state
-
-    def _rebuild(self, entry: str, target: int) -> dict[bytes, bytes]:
-        """The state at `target` from the last snapshot at or before it plus deltas."""
-        for _ in range(_LOAD_ATTEMPTS):
-            snapshots = [v for v in _versions(self.store, entry, _SNAPSHOT) if v <= target]
-            base = snapshots[-1] if snapshots else INITIAL_VERSION
-            state: dict[bytes, bytes] = {}
-            if base != INITIAL_VERSION:
-                payload = self.store.get_chunked(entry, _SNAPSHOT + _VERSION.pack(base))
-                if payload is None:
-                    continue  # collected since we listed it: list again
+              target: Revision) -> tuple[str, _Cached]:
+        """The state at `target` (not INITIAL_REVISION) from the store, and how."""
+        snapshots = set(_revisions(self.store, entry, _SNAPSHOT))
+        if target in snapshots:
+            payload = self.store.get_chunked(entry, _key(_SNAPSHOT, target))
+            if payload is not None:  # else collected since listed: try the delta
                 self._bytes_read += len(payload)
-                state, _ = _decode(payload, _SNAPSHOT, base, entry)
-            caught_up = self._catch_up(entry, state, base, target)
-            if caught_up is not None:
-                return caught_up
-        raise MissingStateError(self._gap_message(entry, target))
+                _, state, _ = _decode(payload, _SNAPSHOT, target, entry)
+                return 'snapshot', _Cached(target, state, [], None)
+        payload = self.store.get_chunked(entry, _key(_DELTA, target))
+        if payload is None:
+            raise MissingStateError(self._gap_message(entry, target, None))
+        chain, pairs, deleted = _decode(payload, _DELTA, target, entry)
+        found = _Cached(target, {}, chain, chain[0])
+        if cached is not None and cached.revision in chain:
+            # The deltas after the cached revision, oldest first.
+            missed = self._read_deltas(entry, chain[:chain.index(cached.revision)])
+            if missed is not None:
+                found.state = cached.state
+                self._apply_all(found.state, [*missed, (pairs, deleted)], len(payload))
+                return 'catch-up', found
+            # Some were collected after a newer snapshot: start from the chain's base.
+        found.state = self._rebuild(entry, target, chain, snapshots)
+        self._apply_all(found.state, [(pairs, deleted)], len(payload))
+        return 'snapshot', found
 
-    def _gap_message(self, entry: str, target: int) -> str:
-        snapshots = _versions(self.store, entry, _SNAPSHOT)
-        deltas = _versions(self.store, entry, _DELTA)
-        snapshots_below = [v for v in snapshots if v <= target]
-        base = snapshots_below[-1] if snapshots_below else INITIAL_VERSION
-        present = set(deltas)
-        missing = [v for v in range(base + 1, target + 1) if v not in present]
-        if not missing:
-            return (f'Cannot load the state of {entry!r} at version {target} from '
-                    f'{self.store!r}: its snapshots and deltas kept being collected by '
-                    f'newer commits during {_LOAD_ATTEMPTS} attempts (is another run of '
-                    'this job writing to the same store?)')
+    def _rebuild(self, entry: str, target: Revision, chain: list[Revision],
+                 snapshots: set[Revision]) -> dict[bytes, bytes]:
+        """The state at `chain[0]` (the parent of `target`): the nearest snapshot on
+        the chain (or the initial state) plus the deltas after it."""
+        for depth, ancestor in enumerate(chain):
+            if ancestor == INITIAL_REVISION:
+                state: dict[bytes, bytes] = {}
+            elif ancestor in snapshots:
+                payload = self.store.get_chunked(entry, _key(_SNAPSHOT, ancestor))
+                if payload is None:
+                    continue  # collected since listed: an older base may remain
+                self._bytes_read += len(payload)
+                _, state, _ = _decode(payload, _SNAPSHOT, ancestor, entry)
+            else:
+                continue
+            deltas = self._read_deltas(entry, chain[:depth])
+            if deltas is None:
+                break
+            self._apply_all(state, deltas, 0)
+            return state
+        raise MissingStateError(self._gap_message(entry, target, chain))
+
+    def _read_deltas(self, entry: str, newest_first: list[Revision]
+                     ) -> list[tuple[dict[bytes, bytes], list[bytes]]] | None:
+        """The changes of these deltas, oldest first, or None if one is missing (all are
+        read before any is applied, so a gap leaves the state unchanged)."""
+        deltas = []
+        for revision in reversed(newest_first):
+            payload = self.store.get_chunked(entry, _key(_DELTA, revision))
+            if payload is None:
+                return None
+            self._bytes_read += len(payload)
+            deltas.append(_decode(payload, _DELTA, revision, entry)[1:])
+        return deltas
+
+    def _apply_all(self, state: dict[bytes, bytes],
+                   deltas: list[tuple[dict[bytes, bytes], list[bytes]]],
+                   payload_bytes: int) -> None:
+        self._deltas_read += len(deltas)
+        self._bytes_read += payload_bytes
+        for pairs, deleted in deltas:
+            _apply(state, pairs, deleted)
+
+    def _gap_message(self, entry: str, target: Revision, chain: list[Revision] | None) -> str:
+        snapshots = _revisions(self.store, entry, _SNAPSHOT)
+        deltas = set(_revisions(self.store, entry, _DELTA))
+        where = (f'Cannot load the state of {entry!r} at revision {_label(target)} from '
+                 f'{self.store!r}: ')
+        if chain is None:
+            what = f'neither the delta nor a snapshot of revision {_label(target)} is there'
+        else:
+            depth = next((d for d, a in enumerate(chain)
+                          if a == INITIAL_REVISION or a in snapshots), None)
+            # Without a base on the chain, its last revision should have had a snapshot.
+            needed = chain[:depth] if depth is not None else chain[:-1]
+            missing = [a for a in needed if a not in deltas]
+            if depth is None:
+                what = (f'its base, the snapshot at {_label(chain[-1])}, is missing'
+                        + (f' and so are the deltas of revisions {_ranges(missing)}'
+                           if missing else ''))
+            elif missing:
+                base = chain[depth]
+                after = ('the initial state' if base == INITIAL_REVISION
+                         else f'the snapshot at {_label(base)}')
+                what = f'the deltas of revisions {_ranges(missing)} after {after} are missing'
+            else:
+                return (where + 'its deltas and snapshots were collected while it was '
+                        'loaded (is another run of this job writing to the same store?)')
         return (
-            f'Cannot load the state of {entry!r} at version {target} from {self.store!r}: '
-            f'the deltas of versions {_ranges(missing)} after '
-            f"{'the initial state' if base == INITIAL_VERSION else f'the snapshot at {base}'} "
-            f'are missing (the store holds snapshots {_ranges(snapshots)} and deltas '
-            f'{_ranges(deltas)}). The store was cleared, collected by a newer run, or '
-            'belongs to another job: point --checkpoint_store at this job\'s store, or '
-            'delete its checkpoint data and start the pipeline from scratch.')
+            where + f'{what} (the store holds snapshots {_ranges(snapshots)} and deltas '
+            f'{_ranges(deltas)}). The store was cleared, the revision was collected (no '
+            'commit since kept it), or the store belongs to another job: point '
+            "--checkpoint_store at this job's store, or delete its checkpoint data and "
+            'start the pipeline from scratch.')
 
     # Committing ----------------------------------------------------------------------
-    def commit(self, entry: str, version: int, dirty: Mapping[bytes, bytes],
-               deleted: Iterable[bytes]) -> None:
-        """Record the changes of `version` (keys in both `dirty` and `deleted` end up
-        deleted): the delta goes to the store first, then into the cache; every
-        `snapshot_every` versions a snapshot too, and old deltas/snapshots go.
+    def commit(self, entry: str, revision: Revision | int, dirty: Mapping[bytes, bytes],
+               deleted: Iterable[bytes], parent: Revision | None = None,
+               keep: Iterable[Revision] = ()) -> None:
+        """Record the changes made on `parent`'s state as `revision` (keys in both `dirty`
+        and `deleted` end up deleted): the delta goes to the store first, then into the
+        cache. When its chain reaches `snapshot_every` revisions a snapshot is written
+        too, and what neither `revision`, `parent` nor the revisions in `keep` (the cuts
+        the driver retains) need is collected.
 
-        Committing the same version again (a retried task) with the same changes
-        is harmless. If this raises, the cache entry is dropped.
+        `parent` None means Revision(revision.version - 1, 0) (an int revision v is
+        Revision(v, 0)). Committing the same revision again (a retried task) with the
+        same parent and changes is harmless. If this raises, the cache entry is dropped.
         """
-        if version < 0:
-            raise ValueError(f'Committed versions start at 0, got {version}')
+        revision = as_revision(revision)
+        parent = Revision(revision.version - 1, 0) if parent is None else as_revision(parent)
+        if revision.version < 0 or parent.version >= revision.version:
+            raise ValueError(f'Cannot commit revision {revision} on parent {parent}: '
+                             'committed versions start at 0, above their parent\'s')
         deleted = sorted(set(deleted))
         try:
             with self._lock:
                 if entry not in self._created:
                     self.store.create_entry(entry)
                     self._created.add(entry)
-                self.store.put_chunked(entry, _DELTA + _VERSION.pack(version),
-                                       _encode(_DELTA, version, dirty, deleted))
                 cached = self._cache.get(entry)
-                if cached is not None and cached.version in (version - 1, version):
-                    _apply(cached.state, dirty, deleted)
-                    self._cache[entry] = cached = _Cached(version, cached.state)
-                if version % self.snapshot_every == 0 and version > 0:
-                    if cached is None or cached.version != version:
-                        state = self._rebuild(entry, version)
-                        self._cache[entry] = cached = _Cached(version, state)
-                    self._snapshot(entry, version, cached.state)
+                chain = [parent, *self._lineage(entry, parent, cached)]
+                self.store.put_chunked(entry, _key(_DELTA, revision),
+                                       _encode(_DELTA, revision, chain, dirty, deleted))
+                self._advance(entry, cached, revision, chain, dirty, deleted)
+                if len(chain) >= self.snapshot_every:
+                    self._snapshot(entry, revision, chain, keep)
         except BaseException:
             self.drop(entry)
             raise
 
-    def _snapshot(self, entry: str, version: int, state: Mapping[bytes, bytes]) -> None:
-        self.store.put_chunked(entry, _SNAPSHOT + _VERSION.pack(version),
-                               _encode(_SNAPSHOT, version, state, ()))
-        # Loading version-1 needs the last snapshot before this one and the deltas
-        # after it; nothing older is needed by any load of version-1 or later.
-        older = [v for v in _versions(self.store, entry, _SNAPSHOT) if v < version]
-        if not older:
+    def _lineage(self, entry: str, revision: Revision, cached: _Cached | None) -> list[Revision]:
+        """The chain a child of `revision` extends: [] for the initial state or a
+        revision with a snapshot, else the chain of its delta."""
+        if revision == INITIAL_REVISION:
+            return []
+        if cached is not None and cached.revision == revision:
+            return cached.chain
+        if self.store.exists(entry, _key(_SNAPSHOT, revision)):
+            return []
+        payload = self.store.get_chunked(entry, _key(_DELTA, revision))
+        if payload is None:
+            raise MissingStateError(self._gap_message(entry, revision, None))
+        return _header(payload, _DELTA, revision, entry)[0]
+
+    def _advance(self, entry: str, cached: _Cached | None, revision: Revision,
+                 chain: list[Revision], dirty: Mapping[bytes, bytes],
+                 deleted: list[bytes]) -> None:
+        """Moves the cache entry to `revision` if it holds the parent (or `revision`
+        itself, committed on the same parent: a retry applies the same changes again)."""
+        if cached is None:
             return
-        keep_from = older[-1]
-        for v in older[:-1]:
-            self.store.delete_chunked(entry, _SNAPSHOT + _VERSION.pack(v))
-        for v in _versions(self.store, entry, _DELTA):
-            if v <= keep_from:
-                self.store.delete_chunked(entry, _DELTA + _VERSION.pack(v))
+        parent = chain[0]
+        if cached.revision == parent or (cached.revision, cached.parent) == (revision, parent):
+            _apply(cached.state, dirty, deleted)
+            self._cache[entry] = _Cached(revision, cached.state, chain, parent)  # detached
+        elif cached.revision == revision:
+            self.drop(entry)  # on another parent: the changes do not apply to it
+        # Else the entry holds another revision, still valid as it is.
+
+    def _snapshot(self, entry: str, revision: Revision, chain: list[Revision],
+                  keep: Iterable[Revision]) -> None:
+        cached = self._cache.get(entry)
+        if cached is None or cached.revision != revision:
+            _, cached = self._read(entry, None, revision)
+            self._cache[entry] = cached
+        self.store.put_chunked(entry, _key(_SNAPSHOT, revision),
+                               _encode(_SNAPSHOT, revision, [], cached.state, ()))
+        cached.chain = []
+        self._collect(entry, revision, chain, keep)
+
+    def _collect(self, entry: str, revision: Revision, chain: list[Revision],
+                 keep: Iterable[Revision]) -> None:
+        """Deletes the deltas and snapshots older than `revision` that no load of it, of
+        its parent (`chain[0]`) or of a revision in `keep` needs."""
+        snapshots = set(_revisions(self.store, entry, _SNAPSHOT))
+        deltas = set(_revisions(self.store, entry, _DELTA))
+        needed: set[tuple[bytes, Revision]] = set()
+
+        def walk(path: Iterable[Revision]) -> None:
+            # What loading path[0] needs, as `_read` loads it: up to the nearest snapshot.
+            for ancestor in path:
+                if ancestor == INITIAL_REVISION:
+                    return
+                if ancestor in snapshots:
+                    needed.add((_SNAPSHOT, ancestor))
+                    return
+                needed.add((_DELTA, ancestor))
+
+        walk(chain)  # `revision` itself has a snapshot and is never collected
+        for kept in {as_revision(k) for k in keep} - {revision, chain[0]}:
+            if kept in snapshots or kept == INITIAL_REVISION:
+                walk([kept])
+                continue
+            payload = self.store.get_chunked(entry, _key(_DELTA, kept)) if kept in deltas else None
+            # A kept revision already gone (or never written) has nothing left to keep.
+            if payload is not None:
+                walk([kept, *_header(payload, _DELTA, kept, entry)[0]])
+        for kind, present in ((_SNAPSHOT, snapshots), (_DELTA, deltas)):
+            for old in sorted(present):
+                # Newer revisions (another attempt of this epoch, a racing commit)
+                # are not this commit's to judge.
+                if old.version < revision.version and (kind, old) not in needed:
+                    self.store.delete_chunked(entry, _key(kind, old))
 
     # The cache -----------------------------------------------------------------------
     def drop(self, entry: str) -> None:
@@ -231,95 +369,125 @@ class VersionedStateCache:
         with self._lock:
             self._cache.pop(entry, None)
 
-    def attach(self, entry: str, version: int, obj: Any) -> None:
-        """Hang `obj` (e.g. the live operator) on the cache entry, valid at `version` only.
+    def attach(self, entry: str, revision: Revision | int, obj: Any) -> None:
+        """Hang `obj` (e.g. the live operator) on the cache entry, valid at `revision` only.
 
-        The entry must be at `version` (after `load` or `commit` of it); the next
-        commit, load of another version or drop detaches it.
+        The entry must be at `revision` (after `load` or `commit` of it); the next
+        commit, load of another revision or drop detaches it.
         """
+        revision = as_revision(revision)
         with self._lock:
             cached = self._cache.get(entry)
-            if cached is None or cached.version != version:
-                held = None if cached is None else cached.version
-                raise ValueError(f'Cannot attach to {entry!r} at version {version}: the '
-                                 f'cache holds version {held}')
+            if cached is None or cached.revision != revision:
+                held = None if cached is None else _label(cached.revision)
+                raise ValueError(f'Cannot attach to {entry!r} at revision {_label(revision)}: '
+                                 f'the cache holds revision {held}')
             cached.attached = obj
 
-    def attached(self, entry: str, version: int) -> Any | None:
-        """The object attached to `entry` at `version`, or None. Counts no load."""
+    def attached(self, entry: str, revision: Revision | int) -> Any | None:
+        """The object attached to `entry` at `revision`, or None. Counts no load."""
+        revision = as_revision(revision)
         with self._lock:
             cached = self._cache.get(entry)
-            if cached is None or cached.version != version:
+            if cached is None or cached.revision != revision:
                 return None
             return cached.attached
 
-    def cached_version(self, entry: str) -> int | None:
-        """The version the cache holds for `entry`, or None."""
+    def cached_revision(self, entry: str) -> Revision | None:
+        """The revision the cache holds for `entry`, or None."""
         cached = self._cache.get(entry)
-        return None if cached is None else cached.version
+        return None if cached is None else cached.revision
 
 
 class _Cached:
-    __slots__ = ('attached', 'state', 'version')
+    """A cache entry: `chain` is what a child's chain extends ([] when `revision` has a
+    snapshot); `parent` is known when the entry came from a delta, else None."""
 
-    def __init__(self, version: int, state: dict[bytes, bytes]) -> None:
-        self.version = version
+    __slots__ = ('attached', 'chain', 'parent', 'revision', 'state')
+
+    def __init__(self, revision: Revision, state: dict[bytes, bytes], chain: list[Revision],
+                 parent: Revision | None) -> None:
+        self.revision = revision
         self.state = state
+        self.chain = chain
+        self.parent = parent
         self.attached: Any = None
 
 
 # Store keys -----------------------------------------------------------------------------
-def _versions(store: CheckpointStore, entry: str, kind: bytes) -> list[int]:
-    """Versions of the deltas or snapshots present, ascending."""
+def _key(kind: bytes, revision: Revision) -> bytes:
+    return kind + _REVISION.pack(*revision)
+
+
+def _revisions(store: CheckpointStore, entry: str, kind: bytes) -> list[Revision]:
+    """Revisions of the deltas or snapshots present, ascending."""
     # A chunked value's chunks share its key as prefix; only the headers have
     # exactly the length of our keys.
-    return [_VERSION.unpack_from(key, 1)[0] for key in store.keys(entry, prefix=kind)
-            if len(key) == _KEY_LENGTH]
+    return [Revision(*_REVISION.unpack_from(key, 1))
+            for key in store.keys(entry, prefix=kind) if len(key) == _KEY_LENGTH]
 
 
-def _ranges(versions: Iterable[int]) -> str:
-    """[1, 2, 3, 7] -> '1-3, 7' (for error messages)."""
-    spans: list[list[int]] = []
-    for v in sorted(versions):
-        if spans and spans[-1][1] == v - 1:
-            spans[-1][1] = v
+def _label(revision: Revision) -> str:
+    version, attempt = revision
+    return str(version) if attempt == 0 else f'{version} (attempt {attempt})'
+
+
+def _ranges(revisions: Iterable[Revision]) -> str:
+    """[1, 2, 3, 7, (8, 1)] -> '1-3, 7, 8 (attempt 1)' (for error messages)."""
+    spans: list[list[Revision]] = []
+    for revision in sorted(revisions):
+        last = spans[-1][1] if spans else None
+        if (last is not None and revision.attempt == last.attempt == 0
+                and revision.version == last.version + 1):
+            spans[-1][1] = revision
         else:
-            spans.append([v, v])
-    text = ', '.join(str(a) if a == b else f'{a}-{b}' for a, b in spans)
+            spans.append([revision, revision])
+    text = ', '.join(_label(a) if a == b else f'{a.version}-{b.version}' for a, b in spans)
     return f'[{text}]' if text else 'none'
 
 
 # Payloads ---------------------------------------------------------------------------------
-def _encode(kind: bytes, version: int, pairs: Mapping[bytes, bytes],
-            deleted: Iterable[bytes]) -> bytes:
+def _encode(kind: bytes, revision: Revision, chain: list[Revision],
+            pairs: Mapping[bytes, bytes], deleted: Iterable[bytes]) -> bytes:
     items = sorted(pairs.items())
     deleted = sorted(deleted)
     lengths = [n for key, value in items for n in (len(key), len(value))]
     lengths += [len(key) for key in deleted]
+    n = len(chain)
     return b''.join([
-        _PAYLOAD_HEADER.pack(kind, version, len(items), len(deleted)),
+        _PAYLOAD_HEADER.pack(kind, *revision, n, len(items), len(deleted)),
+        struct.pack(f'<{n}q{n}H', *(r.version for r in chain), *(r.attempt for r in chain)),
         struct.pack(f'<{len(lengths)}I', *lengths),
         *[part for item in items for part in item],
         *deleted,
     ])
 
 
-def _decode(payload: bytes, kind: bytes, version: int,
-            entry: str) -> tuple[dict[bytes, bytes], list[bytes]]:
-    """(pairs, deleted keys) of a payload, checked to be the `kind` at `version`."""
-    found_kind, found_version, n_pairs, n_deleted = _PAYLOAD_HEADER.unpack_from(payload)
-    if (found_kind, found_version) != (kind, version):
+def _header(payload: bytes, kind: bytes, revision: Revision,
+            entry: str) -> tuple[list[Revision], int, int, int]:
+    """(chain, pair count, deletion count, offset of the lengths) of a payload checked
+    to be the `kind` of `revision`."""
+    found_kind, version, attempt, n, n_pairs, n_deleted = _PAYLOAD_HEADER.unpack_from(payload)
+    if (found_kind, (version, attempt)) != (kind, revision):
         raise MissingStateError(
-            f'The checkpoint store holds {found_kind!r}@{found_version} under the key of '
-            f'{kind!r}@{version} in {entry!r}: the store is damaged; delete its checkpoint '
-            'data and start the pipeline from scratch.')
+            f'The checkpoint store holds {found_kind!r}@{_label(Revision(version, attempt))} '
+            f'under the key of {kind!r}@{_label(revision)} in {entry!r}: the store is '
+            'damaged; delete its checkpoint data and start the pipeline from scratch.')
+    fields = struct.unpack_from(f'<{n}q{n}H', payload, _PAYLOAD_HEADER.size)
+    chain = [Revision(v, a) for v, a in zip(fields[:n], fields[n:], strict=True)]
+    return chain, n_pairs, n_deleted, _PAYLOAD_HEADER.size + struct.calcsize(f'<{n}q{n}H')
+
+
+def _decode(payload: bytes, kind: bytes, revision: Revision,
+            entry: str) -> tuple[list[Revision], dict[bytes, bytes], list[bytes]]:
+    """(chain, pairs, deleted keys) of a payload, checked to be the `kind` of `revision`."""
+    chain, n_pairs, n_deleted, offset = _header(payload, kind, revision, entry)
     n_lengths = 2 * n_pairs + n_deleted
-    lengths = struct.unpack_from(f'<{n_lengths}I', payload, _PAYLOAD_HEADER.size)
-    start = _PAYLOAD_HEADER.size + 4 * n_lengths
-    ends = list(accumulate(lengths, initial=start))
+    lengths = struct.unpack_from(f'<{n_lengths}I', payload, offset)
+    ends = list(accumulate(lengths, initial=offset + 4 * n_lengths))
     parts = [payload[a:b] for a, b in pairwise(ends)]
     pairs = dict(zip(parts[0:2 * n_pairs:2], parts[1:2 * n_pairs:2], strict=True))
-    return pairs, parts[2 * n_pairs:]
+    return chain, pairs, parts[2 * n_pairs:]
 
 
 def _apply(state: dict[bytes, bytes], pairs: Mapping[bytes, bytes],

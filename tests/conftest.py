@@ -50,6 +50,13 @@ from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.translators.read import ReadInEpochs
 
 SPARK_ARGS = ['--spark_master=local[2]']
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Streaming runs keep checkpoints and a journal under the runner's home: one of the
+    # test session's own, so no test sees another session's jobs (or the user's).
+    import tempfile
+    os.environ['BEAM_STREAMS_RUNNER_HOME'] = tempfile.mkdtemp(prefix='bsr-home-')
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 Outputs = dict[str, list[str]]
@@ -307,3 +314,28 @@ def _fused_operators(runtime, stage) -> tuple[Callable, Callable]:
             for key, value, t in elements))]
 
     return make, encode
+
+
+# Redis checkpoint stores --------------------------------------------------------------------
+@pytest.fixture(scope='session')
+def redis_server():
+    """A real `redis-server` (AOF on, no password) shared by the session's tests, always
+    stopped, its directory removed, at the end. Tests that kill, pause or restart a
+    server start their own `RedisServer` instead."""
+    from beam_streams_runner.stores.redis_server import RedisServer
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_store(redis_server):
+    """A `RedisStore` on db 0 of `redis_server`, emptied (FLUSHDB) before the test."""
+    from beam_streams_runner.stores.redis_store import RedisStore
+    client = redis_server.client()
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    store = RedisStore(redis_server.url)
+    yield store
+    store.close()

@@ -43,10 +43,9 @@ import collections
 import dataclasses
 import itertools
 import logging
-import shutil
-import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
 from apache_beam.utils.timestamp import Timestamp
@@ -54,6 +53,7 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
+from beam_streams_runner.driver.checkpointing import Checkpointing
 from beam_streams_runner.driver.lineage import (
     PipelineJobs,
     buffer_rdd,
@@ -64,14 +64,17 @@ from beam_streams_runner.driver.lineage import (
     retag,
     worker_plan,
 )
+from beam_streams_runner.driver.partition_revisions import PartitionRevisions
 from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
 from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summary
+from beam_streams_runner.driver.side_input_buffers import SideInputBuffers
+from beam_streams_runner.driver.source_positions import SourcePositions
 from beam_streams_runner.driver.stage_kinds import STAGE_KINDS, stage_builder
-from beam_streams_runner.errors import spark_failures_as_pipeline_errors
+from beam_streams_runner.errors import pipeline_error_from_spark, spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.options import CheckpointSettings
 from beam_streams_runner.records import MAX_WATERMARK, Punctuation
 from beam_streams_runner.translators.read import Residual
-from beam_streams_runner.translators.side_inputs import side_input_state
 from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
 from beam_streams_runner.worker import epoch_tasks, shuffles
 from beam_streams_runner.worker.epoch_info import (
@@ -79,7 +82,6 @@ from beam_streams_runner.worker.epoch_info import (
     EpochInfo,
     PartitionReport,
     ReportsAccumulator,
-    SideInputsView,
 )
 from beam_streams_runner.worker.warnings_relay import WarningsAccumulator, reissue
 
@@ -100,6 +102,7 @@ class EpochJob:
     steps: dict[str, TestStreamStep | None]
     stage_rdds: dict[str, RDD | None] = dataclasses.field(default_factory=dict)
     collected: dict[bytes, bool] = dataclasses.field(default_factory=dict)  # side buffers
+    impulses: set[str] = dataclasses.field(default_factory=set)  # stages fed an Impulse
 
 
 class StreamingDriver:
@@ -107,7 +110,8 @@ class StreamingDriver:
                  bundle_time_ms: int, num_partitions: int | None = None,
                  on_progress: Callable[[str], None] | None = None,
                  target_latency_ms: int = 1000, keyed_state_gc: bool = True,
-                 endpoints: Endpoints | None = None) -> None:
+                 endpoints: Endpoints | None = None,
+                 checkpoint: CheckpointSettings | None = None) -> None:
         self.sc = sc
         self.plan = plan
         self._jobs = PipelineJobs(sc)
@@ -125,77 +129,100 @@ class StreamingDriver:
         self.progress = EpochProgress(plan.stages, endpoints)
         self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
         self._uses = count_uses(plan)
-        # stage -> [(residual, resume at (micros of the driver's clock))]
-        self._residuals: dict[str, list[tuple[Residual, int]]] = {}
-        self._test_streams = self._test_stream_events()
         self.epochs = 0
-        # Side inputs: everything each side buffer produced so far, its watermark,
-        # and per consuming stage the broadcast state-API layout of it.
-        self._side_chunks: dict[bytes, list[bytes]] = {}
-        self._side_watermarks: dict[bytes, int] = {}
-        self._side_states: dict[str, Broadcast] = {}
-        self._finished_stages: set[str] = set()
+        # What the driver keeps between epochs, each a consistent-region member.
+        self.sources = SourcePositions(self._test_stream_events, frozenset(
+            s.name for s in plan.stages if s.kind == 'test_stream'))
+        self.side_inputs = SideInputBuffers(sc, plan)
+        self.revisions = PartitionRevisions()
+        self.checkpointing = Checkpointing(checkpoint, plan, self.num_partitions, self.run_id)
+        self._draining = threading.Event()
 
     def cancel(self) -> None:
         self._jobs.cancel()
 
+    def drain(self) -> None:
+        """Stops after the running epoch, with a last checkpoint of every region."""
+        self._draining.set()
+
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
-        sc = self.sc
         self._jobs.start('Beam streaming pipeline (StreamsSparkRunner)')
-        self._plan_bc = sc.broadcast(self._worker_plan)
-        state_dir = tempfile.mkdtemp(prefix=f'{self.run_id}-state-')
-        test_streaming = bool(self._test_streams)
-        clock = 0 if test_streaming else Timestamp.now().micros
-        next_wakeup: int | None = None
+        self._plan_bc = self.sc.broadcast(self._worker_plan)
+        finished = False
         try:
-            for epoch in itertools.count():
-                if self._jobs.cancelled.is_set():
-                    return
-                steps = {name: next(events, None) for name, events in self._test_streams.items()}
-                if test_streaming:
-                    clock += max((s.advance_processing_time_by for s in steps.values() if s),
-                                 default=0)
-                else:
-                    if next_wakeup is not None and not self._due(clock):
-                        self._jobs.cancelled.wait(min(
-                            _IDLE_WAIT_S, max(0.0, (next_wakeup - clock) / 1e6)))
-                    clock = max(clock, Timestamp.now().micros)
-                reports = self._run_epoch(epoch, clock, steps, state_dir)
-                self.epochs = epoch + 1
-                if self._finished(reports, steps):
-                    return
-                timers = [r.next_processing_time for r in reports.values()
-                          if r.next_processing_time is not None]
-                resumes = [at for pending in self._residuals.values() for _, at in pending]
-                next_wakeup = min(timers + resumes, default=None)
-                if next_wakeup is None and not any(steps.values()):
-                    stuck = sorted({stage for (stage, _), report in reports.items()
-                                    if report.output_watermark < MAX_WATERMARK})
-                    raise RuntimeError(
-                        'StreamsSparkRunner streaming driver: nothing can make progress '
-                        '(no source residuals, timers or TestStream events left) but the '
-                        f'watermarks of {stuck} are not at +inf.')
+            first = self.checkpointing.start([self.sources, self.side_inputs, self.revisions])
+            finished = self._run_epochs(first)
         finally:
             reissue(self.warnings.value)
-            shutil.rmtree(state_dir, ignore_errors=True)
-            for broadcast in self._side_states.values():
-                broadcast.destroy()
+            self.side_inputs.close()
+            self.checkpointing.close(finished)
+
+    def _run_epochs(self, first: int) -> bool:
+        """Runs epochs from `first` on; True once the pipeline finished, False when it was
+        cancelled or drained. A failed epoch resets the consistent regions (if on)."""
+        sources, checkpointing = self.sources, self.checkpointing
+        clock = 0 if sources.test_streaming else Timestamp.now().micros
+        next_wakeup: int | None = None
+        for epoch in itertools.count(first):
+            if self._jobs.cancelled.is_set():
+                return False
+            if self._draining.is_set():
+                checkpointing.drain(epoch - 1)
+                return False
+            steps = sources.next_test_steps()
+            if sources.test_streaming:
+                sources.test_clock += max((s.advance_processing_time_by for s in steps.values()
+                                           if s), default=0)
+                clock = sources.test_clock
+            else:
+                if next_wakeup is not None and not sources.any_due(clock):
+                    self._jobs.cancelled.wait(min(
+                        _IDLE_WAIT_S, max(0.0, (next_wakeup - clock) / 1e6)))
+                clock = max(clock, Timestamp.now().micros)
+            checkpointing.before_epoch(epoch)
+            try:
+                reports = self._run_epoch(epoch, clock, steps)
+                checkpointing.after_epoch(epoch, any(
+                    r.checkpoint_requested for r in reports.values()))
+            except Exception as exc:
+                if self._jobs.cancelled.is_set() or not checkpointing.enabled:
+                    raise
+                checkpointing.reset(pipeline_error_from_spark(exc))
+                next_wakeup = None
+                continue
+            self.epochs += 1
+            if self._finished(reports, steps):
+                return True
+            next_wakeup = self._next_wakeup(reports, steps)
+        return False
+
+    def _next_wakeup(self, reports: dict[tuple[str, int], PartitionReport],
+                     steps: dict[str, TestStreamStep | None]) -> int | None:
+        """When something is due next: a processing-time timer or a residual."""
+        timers = [r.next_processing_time for r in reports.values()
+                  if r.next_processing_time is not None]
+        resume = self.sources.next_due()
+        next_wakeup = min(timers + ([resume] if resume is not None else []), default=None)
+        if next_wakeup is None and not any(steps.values()):
+            stuck = sorted({stage for (stage, _), report in reports.items()
+                            if report.output_watermark < MAX_WATERMARK})
+            raise RuntimeError(
+                'StreamsSparkRunner streaming driver: nothing can make progress '
+                '(no source residuals, timers or TestStream events left) but the '
+                f'watermarks of {stuck} are not at +inf.')
+        return next_wakeup
 
     # One epoch -------------------------------------------------------------------
-    def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None],
-                   state_dir: str) -> dict[tuple[str, int], PartitionReport]:
+    def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None]
+                   ) -> dict[tuple[str, int], PartitionReport]:
         sc = self.sc
-        due: dict[str, list[Residual]] = {}
-        holds: dict[str, int] = {}
-        for stage_name, pending in self._residuals.items():
-            due[stage_name] = [r for r, at in pending if at <= clock]
-            kept = [(r, at) for r, at in pending if at > clock]
-            self._residuals[stage_name] = kept
-            if kept:
-                holds[stage_name] = min(r.watermark for r, _ in kept)
+        due, holds = self.sources.take_due(clock)
+        checkpointing = self.checkpointing
         epoch_bc = sc.broadcast(EpochInfo(
-            number=epoch, processing_time=clock, holds=holds, state_dir=state_dir,
+            number=epoch, processing_time=clock, holds=holds, store=checkpointing.store,
+            store_id=checkpointing.store_id, state_prefix=checkpointing.state_prefix,
+            bases=dict(self.revisions.bases), keep=self.revisions.keep(),
             bundle_time_ms=self.bundle_time_ms, read_budget_ms=self.read_budget_ms,
             keyed_state_gc=self.keyed_state_gc))
         started, started_at = time.monotonic(), time.time()
@@ -204,7 +231,7 @@ class StreamingDriver:
         try:
             for stage in self.plan.stages:
                 sc.setLocalProperty('callSite.short', stage.display_name[:200])
-                rdd = (None if stage.name in self._finished_stages
+                rdd = (None if stage.name in self.sources.finished
                        else stage_builder(self, stage.kind, streaming=True)(stage, job))
                 # No RDD names per epoch: each costs a JVM round trip; the call
                 # site and the job description name the stages and the epoch.
@@ -231,10 +258,12 @@ class StreamingDriver:
         self._adapt_read_budget(wall_s, reports)
         self._set_gauges(reports)
         self._find_finished_stages(reports)
+        self.revisions.advance((partition, r.revision) for partition, r in reports.items())
+        self.sources.impulses_fired |= job.impulses
         for (stage_name, _), report in reports.items():
             for residual in report.residuals:
-                resume_at = clock + int(residual.resume_delay_s * 1e6)
-                self._residuals.setdefault(stage_name, []).append((residual, resume_at))
+                self.sources.add(stage_name, residual,
+                                 clock + int(residual.resume_delay_s * 1e6))
         return reports
 
     def _adapt_read_budget(self, wall_s: float,
@@ -255,19 +284,20 @@ class StreamingDriver:
         for (stage_name, _), report in reports.items():
             by_stage[stage_name].append(report)
         for stage in self.plan.stages:  # in topological order: producers first
-            if stage.name in self._finished_stages or not STAGE_KINDS[stage.kind].finishes:
+            finished = self.sources.finished
+            if stage.name in finished or not STAGE_KINDS[stage.kind].finishes:
                 continue
             buffers = [*stage.inputs.values(), *(b for b, _ in stage.side_inputs.values())]
-            if not all(producer.name in self._finished_stages
+            if not all(producer.name in finished
                        for buffer_id in buffers for producer in self.plan.producers(buffer_id)):
                 continue
             if STAGE_KINDS[stage.kind].reports:
                 own = by_stage.get(stage.name)
-                if (not own or self._residuals.get(stage.name)
+                if (not own or self.sources.pending(stage.name)
                         or any(r.output_watermark < MAX_WATERMARK or r.residuals
                                or r.next_processing_time is not None for r in own)):
                     continue
-            self._finished_stages.add(stage.name)
+            finished.add(stage.name)
 
     def _set_gauges(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
         """The runner's gauges: each count summed over the partitions of its step."""
@@ -281,56 +311,29 @@ class StreamingDriver:
                 totals.set_gauge(step, RUNNER_NAMESPACE, name, count)
             self.metrics.add(totals)
 
-    def _due(self, clock: int) -> bool:
-        return any(at <= clock for pending in self._residuals.values() for _, at in pending)
-
     def _finished(self, reports: dict[tuple[str, int], PartitionReport],
                   steps: dict[str, TestStreamStep | None]) -> bool:
         return (all(r.output_watermark >= MAX_WATERMARK for r in reports.values())
-                and not any(self._residuals.values())
+                and not self.sources.pending()
                 and not any(steps.values()))
 
     # Stage RDDs of one epoch -----------------------------------------------------
-    def _side_view(self, stage: StagePlan, job: EpochJob) -> SideInputsView:
-        """This epoch's side inputs of `stage`: each side buffer is collected by its
-        own Spark job (once per epoch, before its readers run), its data added to
-        what came before and its watermark taken from its producers' punctuations."""
-        changed = False
-        collected = job.collected
-        for buffer_id, _ in stage.side_inputs.values():
-            if buffer_id not in collected:
-                name = buffer_id.decode('utf-8', 'replace')
-                self.sc.setJobDescription(
-                    f'Beam streaming epoch {job.number}: side input {name}')
-                records = self._buffer(buffer_id, job.stage_rdds).values().collect()
-                data = [r for r in records if not isinstance(r, Punctuation)]
-                self._side_chunks.setdefault(buffer_id, []).extend(data)
-                self._side_watermarks[buffer_id] = min(
-                    (r.watermark for r in records if isinstance(r, Punctuation)),
-                    default=MAX_WATERMARK)
-                collected[buffer_id] = bool(data)
-            changed = changed or collected[buffer_id]
-        state_bc = self._side_states.get(stage.name)
-        if state_bc is None or changed:
-            if state_bc is not None:
-                state_bc.destroy()
-            state_bc = self.sc.broadcast(side_input_state(self.plan, stage, self._side_chunks))
-            self._side_states[stage.name] = state_bc
-        return SideInputsView(state_bc, {
-            side_input: self._side_watermarks[buffer_id]
-            for side_input, (buffer_id, _) in stage.side_inputs.items()})
-
     def _sdk_stage(self, stage: StagePlan, job: EpochJob) -> RDD:
         sc = self.sc
         stage_rdds, epoch_bc, epoch = job.stage_rdds, job.epoch_bc, job.number
         residuals = job.due.get(stage.name, [])
-        side_view = self._side_view(stage, job) if stage.side_inputs else None
+        side_view = (self.side_inputs.view(stage, epoch, job.collected,
+                                           lambda b: self._buffer(b, stage_rdds))
+                     if stage.side_inputs else None)
         plan_bc = self._plan_bc
         grouping_input = None
         inputs = []
         for input_id, buffer_id in stage.inputs.items():
             if buffer_id == IMPULSE_BUFFER:
-                records = [(input_id, ENCODED_IMPULSE_VALUE)] if epoch == 0 else []
+                records = []
+                if stage.name not in self.sources.impulses_fired:
+                    records.append((input_id, ENCODED_IMPULSE_VALUE))
+                    job.impulses.add(stage.name)
                 records.append((input_id, Punctuation(('impulse', 0), MAX_WATERMARK)))
                 inputs.append(sc.parallelize(records, 1))
                 continue
@@ -352,7 +355,7 @@ class StreamingDriver:
             inputs.append(self._buffer(buffer_id, stage_rdds).mapPartitions(
                 _keyed_shuffle_fn(plan_bc, coder_id, key_coder_id, input_id)
             ).partitionBy(self.num_partitions, identity).values())
-        if residuals or self._residuals.get(stage.name):
+        if residuals or self.sources.pending(stage.name):
             # Dealt by rank, the slowest to task 0, the next to task 1, ...: each task
             # reads its furthest-behind restriction first (`read_on`), so the slowest of
             # the whole stage read at once. One record per slice: Spark gives each its own.
@@ -401,18 +404,15 @@ class StreamingDriver:
     def _buffer(self, buffer_id: bytes, stage_rdds: dict[str, RDD | None]) -> RDD:
         return buffer_rdd(self.sc, self.plan, stage_rdds, buffer_id)
 
-    def _test_stream_events(self) -> dict[str, object]:
+    def _test_stream_events(self, stage_name: str) -> Iterator[TestStreamStep]:
+        """The events of TestStream stage `stage_name`, from its first."""
         context = self.plan.execution_context.pipeline_context
-        streams = {}
-        for stage in self.plan.stages:
-            if stage.kind != 'test_stream':
-                continue
-            outputs = {
-                tag: (stage.outputs[output_id],
-                      context.coders[stage.output_coders[output_id]].get_impl())
-                for tag, output_id in stage.test_stream_outputs.items()}
-            streams[stage.name] = TestStreamEvents(stage.test_stream, context, outputs).steps()
-        return streams
+        stage = next(s for s in self.plan.stages if s.name == stage_name)
+        outputs = {
+            tag: (stage.outputs[output_id],
+                  context.coders[stage.output_coders[output_id]].get_impl())
+            for tag, output_id in stage.test_stream_outputs.items()}
+        return TestStreamEvents(stage.test_stream, context, outputs).steps()
 
 
 def _dealt_fn(num_partitions: int, tag: str):

@@ -5,21 +5,17 @@ the IBM Streams checkpoint data store): a store holds named Data Store Entries
 (one per job and operator, or per operator partition); an entry holds byte keys
 mapped to byte values. `CheckpointStore` is that abstract two-level model. The
 batched pair operations exist so that a networked store (Redis) can pipeline
-them; here they are loops over the single operations.
+them; here they are loops over the single operations. `put_together` writes
+and deletes several keys of one entry so that they become visible at once where
+the store can do it (memory, Redis); the local directory store cannot make
+several files change atomically, so there it is a loop, and callers that need
+atomicity across keys keep what must change together under one key.
 
 Large values (snapshots, deltas) are written with `put_chunked`, which splits
 them into fixed-size chunks, each carrying a checksum, under keys derived from
 the value's key; `get_chunked` reassembles and checks them and raises
-`CorruptCheckpointError` on a missing or damaged chunk.
-
-Layout of a chunked value stored under key K (chunks first, header last, so the
-header is the commit point):
-
-* K -> header: magic, format version, chunk size, total length, number of
-  chunks, checksum of the whole value, an 8-byte random *generation*, and a
-  checksum of the header itself;
-* K + b'\\x00#' + generation + chunk index (4 bytes, big endian) -> chunk:
-  checksum (4 bytes) then the chunk's bytes.
+`CorruptCheckpointError` on a missing or damaged chunk. The layout of chunks
+and header is in `chunk_format`.
 
 A rewrite writes a new generation's chunks, swaps the header, then deletes the
 old generation's chunks, so a concurrent reader sees either the old value or the
@@ -30,53 +26,56 @@ stay behind as orphans until `delete_chunked`, which sweeps every chunk under
 the key. Deleting a key while another process writes it is a race the caller
 must avoid (the writer's new chunks may be swept).
 
-Checksums are CRC-32 (`zlib.crc32`): the threat is accidental damage (a torn or
-truncated file, a lost key, a bit flip), not an adversary, and CRC-32 detects
-those at well over a GB/s from the standard library, where a cryptographic
-hash would cost several times more per byte of every checkpoint.
+Checksums are CRC-32 (`zlib.crc32`) by default: the threat is accidental damage
+(a torn or truncated file, a lost key, a bit flip), and CRC-32 detects those at
+well over a GB/s from the standard library, where a cryptographic hash would
+cost several times more per byte of every checkpoint. Where the store itself is
+not trusted (a shared Redis), give the store `hmac_key_env`, the NAME of an
+environment variable holding a secret key: every chunk and header then carries
+an HMAC-SHA256 under that key, and reading one that fails it (written without
+the key, with another key, or tampered with) raises `CorruptCheckpointError`.
+A store with a key rejects values written without one, and a store without a
+key rejects values written with one. The key is read from the environment of
+whichever process writes or reads a chunked value, when it does; only the
+variable's name is pickled, shown in reprs or named in errors. Plain `put`/
+`get` pairs are not authenticated.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-import struct
 import zlib
 from collections.abc import Iterable, Mapping
 
 from beam_streams_runner.errors import StreamsSparkRunnerError
+from beam_streams_runner.stores.chunk_format import (
+    CHUNK_INFIX,
+    GENERATION_BYTES,
+    ChunkCodec,
+    CorruptCheckpointError,
+    Header,
+    HmacKeyMissingError,
+    check_hmac_key_env,
+    chunk_key,
+    hmac_key,
+)
+
+__all__ = [
+    'CHUNK_INFIX',
+    'DEFAULT_CHUNK_SIZE',
+    'CheckpointStore',
+    'CorruptCheckpointError',
+    'EntryNotFoundError',
+    'HmacKeyMissingError',
+    'check_entry_name',
+    'check_hmac_key_env',
+]
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 
-# Separates a chunked value's key from the keys of its chunks. Callers must not
-# store plain values under keys that start with (a chunked value's key + this).
-CHUNK_INFIX = b'\x00#'
-
-_HEADER_MAGIC = b'BSCK'
-_HEADER_FORMAT_VERSION = 1
-# magic, format version, chunk size, total length, chunk count, whole crc, generation
-_HEADER = struct.Struct('>4sBIQII8s')
-_CRC = struct.Struct('>I')
-_CHUNK_INDEX = struct.Struct('>I')
-_GENERATION_BYTES = 8
 # A reader whose chunks vanish under a concurrent rewrite starts over this often.
 _READ_ATTEMPTS = 5
-
-
-class CorruptCheckpointError(StreamsSparkRunnerError):
-    """A chunked checkpoint value is missing a chunk or fails its checksums."""
-
-    def __init__(self, entry: str, key: bytes, chunk_index: int | None, problem: str) -> None:
-        self.entry = entry
-        self.key = key
-        self.chunk_index = chunk_index
-        self.problem = problem
-        where = 'the header' if chunk_index is None else f'chunk {chunk_index}'
-        super().__init__(
-            f'Corrupt checkpoint in store entry {entry!r}, key {key!r}: {where} {problem}. '
-            'This checkpoint cannot be restored: delete the checkpoint store data of this '
-            'job (for a local directory store, its checkpoint directory) and start the '
-            'pipeline from scratch.')
 
 
 class EntryNotFoundError(StreamsSparkRunnerError, LookupError):
@@ -86,6 +85,9 @@ class EntryNotFoundError(StreamsSparkRunnerError, LookupError):
         self.entry = entry
         super().__init__(f'Checkpoint store entry {entry!r} does not exist; '
                          'create it with create_entry() before writing to it')
+
+    def __reduce__(self):
+        return (type(self), (self.entry,))
 
 
 def check_entry_name(name: str) -> None:
@@ -106,7 +108,19 @@ class CheckpointStore(abc.ABC):
     * `keys` and `entries` return sorted lists.
     * A single `put` is atomic: a reader, in any process, sees the old value or
       the new one, never a part.
+    * `hmac_key_env`, when set, names the environment variable holding the key
+      that authenticates chunked values (see the module's docstring).
     """
+
+    #: The name (never the value) of the environment variable holding the HMAC key.
+    hmac_key_env: str | None = None
+
+    def check(self) -> None:
+        """Raise `CheckpointStoreUnavailableError` if the store cannot be used now.
+
+        Stores without a server have nothing to check.
+        """
+        return
 
     # Entries ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -149,41 +163,64 @@ class CheckpointStore(abc.ABC):
         for key in keys:
             self.delete(entry, key)
 
+    def put_together(self, entry: str, items: Mapping[bytes, bytes | None]) -> None:
+        """Write every `key: value` of `items` (None deletes the key), visible at once.
+
+        Stores that can (memory, Redis) apply them atomically: a reader sees all
+        of them or none. This default is a loop, which is all the local
+        directory store can do (one file is atomic, several are not): callers
+        that need atomicity across keys there keep them under one key. Raises
+        `EntryNotFoundError` if the entry is missing and `items` writes a value
+        (deletes in a missing entry do nothing).
+        """
+        for key, value in items.items():
+            if value is None:
+                self.delete(entry, key)
+            else:
+                self.put(entry, key, value)
+
     # Chunked large values --------------------------------------------------------
     def put_chunked(self, entry: str, key: bytes, value: bytes,
                     chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
-        """Store `value` under `key` as checksummed chunks, replacing any earlier value."""
+        """Store `value` under `key` as checksummed (or HMAC'ed) chunks, replacing any
+        earlier value."""
         if chunk_size < 1:
             raise ValueError(f'chunk_size must be positive, got {chunk_size}')
+        codec = self._codec(entry, key)
         view = memoryview(value).cast('B')
         total = len(view)
-        generation = os.urandom(_GENERATION_BYTES)
+        generation = os.urandom(GENERATION_BYTES)
         chunks: dict[bytes, bytes] = {}
         whole_crc = 0
         for index, start in enumerate(range(0, total, chunk_size)):
             data = view[start:start + chunk_size]
             whole_crc = zlib.crc32(data, whole_crc)
-            chunk_key = _chunk_key(key, generation, index)
-            chunks[chunk_key] = _CRC.pack(_chunk_crc(chunk_key, key, data)) + data
+            place = chunk_key(key, generation, index)
+            chunks[place] = codec.seal_chunk(place, data)
         old_header = self.get(entry, key)
         self.put_many(entry, chunks)
-        self.put(entry, key, _encode_header(chunk_size, total, len(chunks), whole_crc, generation))
-        self._delete_old_chunks(entry, key, old_header, keep=generation)
+        self.put(entry, key, codec.seal_header(chunk_size, total, len(chunks), whole_crc,
+                                               generation))
+        self._delete_old_chunks(codec, old_header, keep=generation)
 
     def get_chunked(self, entry: str, key: bytes) -> bytes | None:
         """The value stored by `put_chunked`, or None if there is none (no header).
 
-        Raises `CorruptCheckpointError` if the header or a chunk is damaged or a
-        chunk is missing. A missing header reads as "no value": the header is
-        written last, so a value without one was never completely written.
+        Raises `CorruptCheckpointError` if the header or a chunk is damaged, fails
+        authentication, or a chunk is missing. A missing header reads as "no
+        value": the header is written last, so a value without one was never
+        completely written.
         """
         header_bytes = self.get(entry, key)
+        if header_bytes is None:
+            return None
+        codec = self._codec(entry, key)
         for _ in range(_READ_ATTEMPTS):
             if header_bytes is None:
                 return None
-            header = _decode_header(entry, key, header_bytes)
+            header = codec.open_header(header_bytes)
             try:
-                return self._read_chunks(entry, key, header)
+                return self._read_chunks(codec, header)
             except CorruptCheckpointError:
                 # A concurrent rewrite or delete may have removed the chunks this
                 # header named; only an unchanged header means real damage.
@@ -202,89 +239,40 @@ class CheckpointStore(abc.ABC):
         self.delete_many(entry, self.keys(entry, prefix=key + CHUNK_INFIX))
 
     # Helpers -----------------------------------------------------------------------
-    def _read_chunks(self, entry: str, key: bytes, header: _Header) -> bytes:
-        keys = [_chunk_key(key, header.generation, i) for i in range(header.count)]
-        found = self.get_many(entry, keys)
+    def _codec(self, entry: str, key: bytes) -> ChunkCodec:
+        variable = self.hmac_key_env
+        secret = None if variable is None else hmac_key(variable)
+        return ChunkCodec(entry, key, secret, variable)
+
+    def _read_chunks(self, codec: ChunkCodec, header: Header) -> bytes:
+        keys = [chunk_key(codec.key, header.generation, i) for i in range(header.count)]
+        found = self.get_many(codec.entry, keys)
         parts = []
         whole_crc = 0
-        for index, chunk_key in enumerate(keys):
-            chunk = found.get(chunk_key)
-            of = f'of {header.count}'
-            if chunk is None:
-                raise CorruptCheckpointError(entry, key, index, f'{of} is missing')
-            expected_length = min(header.chunk_size, header.total - index * header.chunk_size)
-            data = memoryview(chunk)[_CRC.size:]
-            if len(chunk) < _CRC.size or len(data) != expected_length:
-                raise CorruptCheckpointError(
-                    entry, key, index, f'{of} has {max(len(chunk) - _CRC.size, 0)} bytes, '
-                    f'expected {expected_length}')
-            if _CRC.unpack_from(chunk)[0] != _chunk_crc(chunk_key, key, data):
-                raise CorruptCheckpointError(entry, key, index, f'{of} fails its checksum')
+        for index, place in enumerate(keys):
+            data = codec.open_chunk(header, index, place, found.get(place))
             whole_crc = zlib.crc32(data, whole_crc)
             parts.append(data)
         if whole_crc != header.whole_crc:
             raise CorruptCheckpointError(
-                entry, key, None, 'checksum does not match the value its chunks assemble')
+                codec.entry, codec.key, None,
+                'checksum does not match the value its chunks assemble')
         return b''.join(parts)
 
-    def _delete_old_chunks(self, entry: str, key: bytes, old_header: bytes | None,
+    def _delete_old_chunks(self, codec: ChunkCodec, old_header: bytes | None,
                            keep: bytes) -> None:
         if old_header is None:
             return
+        entry, key = codec.entry, codec.key
         try:
-            old = _decode_header(entry, key, old_header)
+            old = codec.open_header(old_header)
         except CorruptCheckpointError:
-            # The old header is unreadable, so its chunks are unknown: sweep them all.
+            # The old header is unreadable (or not authentic), so its chunks are
+            # unknown: sweep them all.
             stale = [k for k in self.keys(entry, prefix=key + CHUNK_INFIX)
-                     if k[len(key) + len(CHUNK_INFIX):][:_GENERATION_BYTES] != keep]
+                     if k[len(key) + len(CHUNK_INFIX):][:GENERATION_BYTES] != keep]
             self.delete_many(entry, stale)
             return
         if old.generation != keep:
-            self.delete_many(entry, [_chunk_key(key, old.generation, i)
+            self.delete_many(entry, [chunk_key(key, old.generation, i)
                                      for i in range(old.count)])
-
-
-class _Header:
-    __slots__ = ('chunk_size', 'count', 'generation', 'total', 'whole_crc')
-
-    def __init__(self, chunk_size: int, total: int, count: int, whole_crc: int,
-                 generation: bytes) -> None:
-        self.chunk_size = chunk_size
-        self.total = total
-        self.count = count
-        self.whole_crc = whole_crc
-        self.generation = generation
-
-
-def _chunk_key(key: bytes, generation: bytes, index: int) -> bytes:
-    return key + CHUNK_INFIX + generation + _CHUNK_INDEX.pack(index)
-
-
-def _chunk_crc(chunk_key: bytes, key: bytes, data: memoryview | bytes) -> int:
-    # Covering the generation and index too catches a chunk stored at the wrong place.
-    return zlib.crc32(data, zlib.crc32(chunk_key[len(key):]))
-
-
-def _encode_header(chunk_size: int, total: int, count: int, whole_crc: int,
-                   generation: bytes) -> bytes:
-    body = _HEADER.pack(_HEADER_MAGIC, _HEADER_FORMAT_VERSION, chunk_size, total, count,
-                        whole_crc, generation)
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def _decode_header(entry: str, key: bytes, raw: bytes) -> _Header:
-    if len(raw) != _HEADER.size + _CRC.size:
-        raise CorruptCheckpointError(entry, key, None, f'has {len(raw)} bytes, expected '
-                                     f'{_HEADER.size + _CRC.size}')
-    body = raw[:_HEADER.size]
-    if _CRC.unpack_from(raw, _HEADER.size)[0] != zlib.crc32(body):
-        raise CorruptCheckpointError(entry, key, None, 'fails its checksum')
-    magic, version, chunk_size, total, count, whole_crc, generation = _HEADER.unpack(body)
-    if magic != _HEADER_MAGIC or version != _HEADER_FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            entry, key, None, f'has magic {magic!r} version {version}, expected '
-                              f'{_HEADER_MAGIC!r} version {_HEADER_FORMAT_VERSION}')
-    if chunk_size < 1 or count != -(-total // chunk_size):
-        raise CorruptCheckpointError(entry, key, None, f'is inconsistent: {count} chunks '
-                                     f'of {chunk_size} bytes for {total} bytes')
-    return _Header(chunk_size, total, count, whole_crc, generation)

@@ -25,6 +25,11 @@ every character but [a-z0-9_-] escaped as %XX (readable, and safe on
 case-insensitive file systems). Names starting with '.' are temporary files or
 deleted entries, never keys or entries. File names are limited to 255 bytes, so
 keys to 127 bytes.
+
+`put_together` is the base class's loop: each file changes atomically, but
+several files cannot change at once, so a reader may see some of the writes
+and not others. Callers that need atomicity across keys keep what must change
+together under one key.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ import shutil
 import tempfile
 from urllib.parse import unquote_to_bytes
 
-from beam_streams_runner.stores.base import CheckpointStore, EntryNotFoundError, check_entry_name
+from beam_streams_runner.stores.base import (
+    CheckpointStore,
+    EntryNotFoundError,
+    check_entry_name,
+    check_hmac_key_env,
+)
 
 _NAME_MAX = 255
 MAX_KEY_LENGTH = (_NAME_MAX - 1) // 2
@@ -45,17 +55,20 @@ _ESCAPES = [chr(b) if b in _UNESCAPED else f'%{b:02X}' for b in range(256)]
 class LocalDirectoryStore(CheckpointStore):
     """Entries as directories under `root`, pairs as files; safe across processes."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, hmac_key_env: str | None = None) -> None:
         # Absolute, so that a copy unpickled in a worker with another cwd finds it.
         self.root = os.path.abspath(os.fspath(root))
+        self.hmac_key_env = check_hmac_key_env(hmac_key_env)
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
-        return f'LocalDirectoryStore({self.root!r})'
+        keyed = f', hmac_key_env={self.hmac_key_env!r}' if self.hmac_key_env else ''
+        return f'LocalDirectoryStore({self.root!r}{keyed})'
 
-    def __reduce__(self) -> tuple[type, tuple[str]]:
-        # Shipped to Spark tasks as its root only: the data stays on disk.
-        return (LocalDirectoryStore, (self.root,))
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        # Shipped to Spark tasks as its root (and the key's variable name, never the
+        # key): the data stays on disk.
+        return (LocalDirectoryStore, (self.root, self.hmac_key_env))
 
     # Entries -----------------------------------------------------------------------
     def create_entry(self, name: str) -> None:

@@ -14,6 +14,8 @@ from typing import NamedTuple
 from pyspark import AccumulatorParam
 
 from beam_streams_runner.records import MAX_WATERMARK
+from beam_streams_runner.state.versioned_state import Revision
+from beam_streams_runner.stores.base import CheckpointStore
 from beam_streams_runner.translators.read import Residual
 
 
@@ -24,7 +26,15 @@ class EpochInfo:
     number: int
     processing_time: int  # micros: the driver's clock for this epoch
     holds: dict[str, int]  # stage -> watermark hold of residuals the driver kept back
-    state_dir: str
+    # Where the partitions' keyed state lives (see `worker.partition_cache`): the store,
+    # the run's id (the workers' caches are per run), the entries' prefix, the revision
+    # each partition loads (absent: the initial state) and those the retained
+    # consistent cuts need (kept by the partitions' garbage collection).
+    store: CheckpointStore
+    store_id: str
+    state_prefix: str
+    bases: dict[tuple[str, int], Revision]
+    keep: dict[tuple[str, int], tuple[Revision, ...]]
     bundle_time_ms: int
     read_budget_ms: int  # how long a source stage's task reads on (see `read.ReadInEpochs.read_on`)
     keyed_state_gc: bool = True
@@ -51,6 +61,10 @@ class PartitionReport(NamedTuple):
     input_watermark: int = MAX_WATERMARK
     elements: dict[str, int] = {}  # noqa: RUF012 - never mutated (tasks pass their own)
     state_bytes: int = 0
+    # The revision the partition's state commit wrote (None: a stage without state),
+    # and whether its user code asked for a consistent cut (`regions.request_checkpoint`).
+    revision: Revision | None = None
+    checkpoint_requested: bool = False
 
 
 class ReportsAccumulator(AccumulatorParam):

@@ -1,88 +1,106 @@
 """The keyed-state backends of streaming partitions, versioned as deltas in a store.
 
-Design section 8 (versioned partition state). PySpark gives no task-to-process
-affinity, so partition p of a stateful stage may run in another Python worker
-each epoch. The state of each (operator, partition) is its `KeyedStateBackend`,
-kept by one `state.versioned_state.VersionedStateCache` per process and state
-directory over the `LocalDirectoryStore` rooted at the run's state directory;
-the partition's name (e.g. 'stage-3/partition-1') is its store entry as it is
-(the store escapes '/' in the entry's directory name).
+Design section 8 (versioned partition state) and section 12 (consistent
+regions). PySpark gives no task-to-process affinity, so partition p of a
+stateful stage may run in another Python worker each epoch. The state of each
+(operator, partition) is its `KeyedStateBackend`, kept by one
+`state.versioned_state.VersionedStateCache` per process and checkpoint store;
+the partition's name (e.g. 'stage-3/partition-1') is its store entry as it is.
 
-A task of epoch e calls `load(..., e-1, create)`:
+A task of epoch e calls `load(..., base, create)` with the revision the driver
+names: the one the successful attempt of the partition's previous task committed,
+or after a reset the one a consistent cut recorded (so a zombie attempt's late
+write is never loaded, and an aborted lineage never again):
 
-* hit: this process committed e-1 of the partition and still holds the live
-  backend attached to its cache entry: the task takes it (detached while the
-  task runs, so a failed task never leaves a half-changed backend behind);
-* otherwise: a fresh backend (`create`) `restore`s the full state at e-1 that
-  the cache holds or rebuilds (catching up on the deltas it missed, or the last
-  snapshot plus the deltas after it); at e-1 = -1 the state is empty.
+* hit: this process committed (or loaded) exactly `base` and still holds the
+  live backend attached to its cache entry: the task takes it (detached while
+  the task runs, so a failed task never leaves a half-changed backend behind);
+* otherwise: a fresh backend (`create`) `restore`s the full state at `base`
+  that the cache holds or rebuilds (catching up on the deltas it missed, or a
+  snapshot plus the deltas after it); at INITIAL_REVISION the state is empty.
 
-Before it succeeds the task `commit`s e: the backend's `take_delta` (the keys
-changed and deleted since it was loaded) goes to the store as the delta of
-version e, and the live backend is attached at e. An epoch touching 10 of a
-million keys writes about 10 values. The cache writes a full snapshot every
-`SNAPSHOT_EVERY` versions and keeps what a retried task of epoch e needs to load
-e-1 exactly. Operators are built afresh each epoch over the backend they are
+Before it succeeds the task `commit`s revision (e, attempt) on `base`: the
+backend's `take_delta` (the keys changed and deleted since it was loaded) goes to
+the store as that revision's delta, and the live backend is attached at it. An
+epoch touching 10 of a million keys writes about 10 values. The cache writes a
+full snapshot every `SNAPSHOT_EVERY` revisions of a lineage and keeps loadable
+what a retried task needs (`base`) and the revisions the driver's retained cuts
+need (`keep`). Operators are built afresh each epoch over the backend they are
 handed; checkpointing is the backend's job, not theirs.
+
+Caches are keyed by the id of the run's store (the driver's run id): a long-lived
+Python worker serving many runs keeps the caches of the `CACHED_STORES` stores it
+used last.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from beam_streams_runner.state.backend import KeyedStateBackend
-from beam_streams_runner.state.versioned_state import VersionedStateCache
-from beam_streams_runner.stores.local_directory import LocalDirectoryStore
+from beam_streams_runner.state.versioned_state import (
+    Revision,
+    VersionedStateCache,
+    as_revision,
+)
+from beam_streams_runner.stores.base import CheckpointStore
 
 SNAPSHOT_EVERY = 20
+CACHED_STORES = 4
 
 
 class PartitionStateCache:
-    """Live keyed-state backends over versioned partition state, one cache per state
-    directory."""
+    """Live keyed-state backends over versioned partition state, one cache per store
+    (the `CACHED_STORES` used last)."""
 
     _lock = threading.Lock()
+    # Least recently used first (dicts keep insertion order).
     _caches: ClassVar[dict[str, VersionedStateCache]] = {}
 
     @classmethod
-    def cache(cls, state_dir: str) -> VersionedStateCache:
-        """This process's cache over the store rooted at `state_dir` (its `stats`
-        count hits, catch-ups and snapshot loads)."""
+    def cache(cls, store: CheckpointStore, store_id: str) -> VersionedStateCache:
+        """This process's cache over the store of id `store_id` (its `stats` count hits,
+        catch-ups and snapshot loads). The first `store` given for an id serves it."""
         with cls._lock:
-            cache = cls._caches.get(state_dir)
+            cache = cls._caches.pop(store_id, None)
             if cache is None:
-                # A finished run removed its state directory: forget its partitions.
-                for stale in [d for d in cls._caches if not os.path.isdir(d)]:
-                    del cls._caches[stale]
-                cache = cls._caches[state_dir] = VersionedStateCache(
-                    LocalDirectoryStore(state_dir), snapshot_every=SNAPSHOT_EVERY)
+                cache = VersionedStateCache(store, snapshot_every=SNAPSHOT_EVERY)
+                while len(cls._caches) >= CACHED_STORES:
+                    # The run it served is most likely over: a later task of it rebuilds.
+                    del cls._caches[next(iter(cls._caches))]
+            cls._caches[store_id] = cache
             return cache
 
     @classmethod
-    def load(cls, state_dir: str, name: str, version: int,
+    def load(cls, store: CheckpointStore, store_id: str, name: str, base: Revision,
              create: Callable[[], KeyedStateBackend]) -> KeyedStateBackend:
-        """The backend of partition `name` as of `version` (-1: the initial state)."""
-        cache = cls.cache(state_dir)
-        state, kind = cache.load(name, version)
+        """The backend of partition `name` at revision `base` (INITIAL_REVISION: the
+        initial state)."""
+        cache = cls.cache(store, store_id)
+        state, kind = cache.load(name, base)
         if kind == 'hit':
-            live = cache.attached(name, version)
+            live = cache.attached(name, base)
             if live is not None:
-                cache.attach(name, version, None)  # the task changes it from here on
+                cache.attach(name, base, None)  # the task changes it from here on
                 return live
         backend = create()
         backend.restore(state)
         return backend
 
     @classmethod
-    def commit(cls, state_dir: str, name: str, version: int, backend: KeyedStateBackend) -> int:
-        """Writes what `backend` changed as `version`, then keeps it live in this process.
-        Returns the bytes of the keys and values the delta wrote (streaming progress)."""
-        cache = cls.cache(state_dir)
+    def commit(cls, store: CheckpointStore, store_id: str, name: str, revision: Revision,
+               parent: Revision, backend: KeyedStateBackend,
+               keep: Iterable[Revision] = ()) -> int:
+        """Writes what `backend` changed since it was loaded at `parent` as `revision`,
+        then keeps it live in this process. `keep`: the revisions of this partition
+        the driver's retained cuts need. Returns the bytes of the keys and values the
+        delta wrote (streaming progress)."""
+        cache = cls.cache(store, store_id)
+        revision = as_revision(revision)
         dirty, deleted = backend.take_delta()
-        cache.commit(name, version, dirty, deleted)
-        if cache.cached_version(name) == version:
-            cache.attach(name, version, backend)
+        cache.commit(name, revision, dirty, deleted, parent=parent, keep=keep)
+        if cache.cached_revision(name) == revision:
+            cache.attach(name, revision, backend)
         return sum(len(k) + len(v) for k, v in dirty.items()) + sum(len(k) for k in deleted)

@@ -5,7 +5,8 @@ every task of a stage partition is a `PartitionEpoch`:
 
 1. `load`: the partition's keyed-state backends (a GroupByKey's trigger state,
    a stateful DoFn's user state and timers, a side-input gate's pushed-back
-   elements) at version epoch-1 from `PartitionStateCache`, and its operators
+   elements) at the revision the driver names (the previous epoch's, or a
+   consistent cut's after a reset) from `PartitionStateCache`, and its operators
    built over them;
 2. `feed`: the epoch's records through the operators; the `Punctuation`s of
    its input channels to the partition's `PartitionWatermarks` (every upstream
@@ -18,9 +19,11 @@ every task of a stage partition is a `PartitionEpoch`:
 5. `report`: the output watermark (the input watermark held back by the
    operators' state, the residuals, the driver's hold and the gate) goes after
    the data to every output buffer;
-6. `commit`: the backends' deltas go to the checkpoint store as version epoch,
-   then the report (watermark, residuals, timers, sizes) to the driver; a task's
-   accumulator updates reach the driver only when it succeeds.
+6. `commit`: the backends' deltas go to the checkpoint store as revision (epoch,
+   task attempt), then the report (watermark, residuals, timers, sizes, the
+   revision, a cut asked for) to the driver; a task's accumulator updates reach
+   the driver only when it succeeds, so only a successful attempt's revision is
+   ever loaded again.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from pyspark import TaskContext
+
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import Punctuation, Record
+from beam_streams_runner.regions.requests import take_checkpoint_request
 from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend, never_pinned
+from beam_streams_runner.state.versioned_state import INITIAL_REVISION, Revision
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.translators.read import ReadInEpochs
@@ -66,6 +73,7 @@ class PartitionEpoch:
                                if grouping_input is not None else None)
         self._side_view = side_view
         self._counted = counted
+        self._base = epoch.bases.get((stage_name, index), INITIAL_REVISION)
         self._started = time.monotonic()
         self._runtime = plan.runtime()
         self._source = ReadInEpochs(epoch.bundle_time_ms)
@@ -109,14 +117,15 @@ class PartitionEpoch:
 
     def _load(self, part: str, codec=PICKLE_CODEC) -> KeyedStateBackend:
         name = self._entry(part)
+        epoch = self._epoch
         backend = PartitionStateCache.load(
-            self._epoch.state_dir, name, self._epoch.number - 1,
+            epoch.store, epoch.store_id, name, self._base,
             lambda: KeyedStateBackend(codec, track_changes=True))
         self._backends[name] = backend
         return backend
 
     def _entry(self, part: str) -> str:
-        return f'stage-{self._stage.index}/{part}-{self._index}'
+        return f'{self._epoch.state_prefix}stage-{self._stage.index}/{part}-{self._index}'
 
     # 2. Feed ---------------------------------------------------------------------------
     def feed(self, records: Iterable[tuple[str, object]]) -> Iterator[Record]:
@@ -201,13 +210,21 @@ class PartitionEpoch:
 
     # 6. Commit -------------------------------------------------------------------------
     def commit(self, reports_acc) -> None:
-        """Writes the backends' deltas as version epoch, then reports to the driver (with
-        the bytes the deltas wrote)."""
+        """Writes the backends' deltas as revision (epoch, attempt), then reports to the
+        driver (with the revision and the bytes the deltas wrote)."""
+        epoch, partition = self._epoch, (self._stage.name, self._index)
+        revision = None
+        if self._backends:
+            context = TaskContext.get()
+            revision = Revision(epoch.number, context.attemptNumber() if context else 0)
+        keep = epoch.keep.get(partition, ())
         state_bytes = sum(
-            PartitionStateCache.commit(self._epoch.state_dir, name, self._epoch.number, backend)
+            PartitionStateCache.commit(epoch.store, epoch.store_id, name, revision, self._base,
+                                       backend, keep)
             for name, backend in self._backends.items())
-        reports_acc.add({(self._epoch.number, self._stage.name, self._index):
-                         self._report._replace(state_bytes=state_bytes)})
+        reports_acc.add({(epoch.number, *partition): self._report._replace(
+            state_bytes=state_bytes, revision=revision,
+            checkpoint_requested=take_checkpoint_request())})
 
     # Helpers ---------------------------------------------------------------------------
     def _grouping_step(self, method: Callable, *args) -> list[Record]:

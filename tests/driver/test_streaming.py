@@ -221,7 +221,7 @@ def test_finished_stages_leave_later_epochs(tmp_path, spark_session, monkeypatch
 
     def recording(self, reports):
         find_finished(self, reports)
-        epochs.append(({stage for stage, _ in reports}, set(self._finished_stages)))
+        epochs.append(({stage for stage, _ in reports}, set(self.sources.finished)))
 
     monkeypatch.setattr(StreamingDriver, '_find_finished_stages', recording)
     # Far enough ahead that the first epoch (workers starting) ends before the first firing.

@@ -42,6 +42,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend
 from beam_streams_runner.state.state_handler import PartitionStateHandler
+from beam_streams_runner.state.versioned_state import Revision
+from beam_streams_runner.stores.local_directory import LocalDirectoryStore
 from beam_streams_runner.translators.group_by_key import GroupingCoders
 from beam_streams_runner.translators.streaming_group_by_key import (
     TRIGGER,
@@ -469,7 +471,7 @@ def test_stateful_stage_across_workers_through_the_cache(fused_stage, tmp_path, 
     run = run_fused_epoch(encode)
     rng = random.Random(5)
     workers: list[dict] = [{}, {}]
-    state_dir = str(tmp_path)
+    store = LocalDirectoryStore(str(tmp_path))
     name = 'stage-1/partition-0'
     epochs = [([(f'key-{i}', i % 5, i % 9) for i in range(2000)], seconds(0), seconds(0))]
     for number in range(1, 9):
@@ -479,9 +481,11 @@ def test_stateful_stage_across_workers_through_the_cache(fused_stage, tmp_path, 
     sizes = []
     for number, epoch in enumerate(epochs):
         monkeypatch.setattr(PartitionStateCache, '_caches', rng.choice(workers))
-        backend = PartitionStateCache.load(state_dir, name, number - 1, fused_backend)
+        parent = Revision(number - 1, 0)
+        backend = PartitionStateCache.load(store, 'run', name, parent, fused_backend)
         assert run(make(backend), epoch) == run(live, epoch), f'epoch {number}'
-        sizes.append(PartitionStateCache.commit(state_dir, name, number, backend))
+        sizes.append(PartitionStateCache.commit(store, 'run', name, Revision(number, 0), parent,
+                                                backend))
     loads = [cache.stats for worker in workers for cache in worker.values()]
     assert len(loads) == 2 and all(stats['hit'] for stats in loads)  # and some restored
     assert sum(stats['catch-up'] + stats['snapshot'] for stats in loads) > 0

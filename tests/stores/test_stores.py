@@ -1,10 +1,12 @@
 """Contract tests of the checkpoint stores (no Spark).
 
-The same tests run over `MemoryStore` and over `LocalDirectoryStore` in a
-temporary directory. Chunked values are property-tested: any bytes with any
+The same tests run over `MemoryStore`, over `LocalDirectoryStore` in a
+temporary directory and over `RedisStore` on a real `redis-server` (the
+`redis_store` fixture). Chunked values are property-tested: any bytes with any
 chunk size round-trip, and damaging or removing any one chunk, or damaging the
 header, raises `CorruptCheckpointError`. Two processes share one
-`LocalDirectoryStore` and check that no read ever sees a partial value.
+`LocalDirectoryStore` (or one Redis) and check that no read ever sees a partial
+value.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.errors import UnsupportedFeatureError
 from beam_streams_runner.stores import (
     CheckpointStore,
     CorruptCheckpointError,
     EntryNotFoundError,
     LocalDirectoryStore,
     MemoryStore,
+    RedisStore,
     store_from_url,
 )
 from beam_streams_runner.stores.base import CHUNK_INFIX
@@ -36,10 +38,12 @@ PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(params=['memory', 'local_directory'])
+@pytest.fixture(params=['memory', 'local_directory', 'redis'])
 def store(request, tmp_path) -> CheckpointStore:
     if request.param == 'memory':
         return MemoryStore()
+    if request.param == 'redis':
+        return request.getfixturevalue('redis_store')
     return LocalDirectoryStore(str(tmp_path / 'checkpoints'))
 
 
@@ -118,6 +122,27 @@ def test_batched_operations(store):
         b'a': b'aa', b'b': b'bb', b'missing': None}
     store.delete_many(entry, [b'a', b'b', b'missing'])
     assert store.keys(entry) == sorted(set(KEYS) - {b'a', b'b'})
+    store.put_many(entry, {})
+    store.delete_many(entry, [])
+    assert store.get_many(entry, []) == {}
+
+
+def test_put_together_writes_and_deletes(store):
+    entry = fresh_entry(store)
+    store.put_many(entry, {b'a': b'1', b'b': b'2', b'c': b'3'})
+    store.put_together(entry, {b'a': b'10', b'b': None, b'd': b'', b'gone': None})
+    assert store.get_many(entry, [b'a', b'b', b'c', b'd']) == {
+        b'a': b'10', b'b': None, b'c': b'3', b'd': b''}
+    store.put_together(entry, {})
+    assert store.keys(entry) == [b'a', b'c', b'd']
+
+
+def test_put_together_into_a_missing_entry(store):
+    with pytest.raises(EntryNotFoundError, match="'nope' does not exist"):
+        store.put_together('nope', {b'a': None, b'b': b'v'})
+    assert not store.entry_exists('nope') and store.keys('nope') == []
+    store.put_together('nope', {b'a': None})  # deleting in a missing entry does nothing
+    assert not store.entry_exists('nope')
 
 
 def test_pickle_round_trip(store):
@@ -126,11 +151,13 @@ def test_pickle_round_trip(store):
     copy = pickle.loads(pickle.dumps(store))
     assert copy.get(entry, b'k') == b'v'
     copy.put(entry, b'k2', b'v2')
-    if isinstance(store, LocalDirectoryStore):  # the same directory
-        assert store.__reduce__() == (LocalDirectoryStore, (store.root,))
-        assert store.get(entry, b'k2') == b'v2'
-    else:  # a private copy (unit tests only)
+    if isinstance(store, MemoryStore):  # a private copy (unit tests only)
         assert store.get(entry, b'k2') is None
+    else:  # the same directory, or the same Redis database
+        assert store.get(entry, b'k2') == b'v2'
+    if isinstance(store, LocalDirectoryStore):
+        assert store.__reduce__() == (LocalDirectoryStore, (store.root, None))
+    assert repr(copy) == repr(store) or isinstance(store, MemoryStore)
 
 
 # Local directory specifics -----------------------------------------------------------------
@@ -285,8 +312,8 @@ def check_payload(value: bytes) -> None:
         raise AssertionError(f'partial or mixed value of {len(value)} bytes')
 
 
-def worker(root: str, entry: str, me: int, rounds: int, errors) -> None:
-    store = LocalDirectoryStore(root)
+def worker(pickled_store: bytes, entry: str, me: int, rounds: int, errors) -> None:
+    store = pickle.loads(pickled_store)  # as Spark ships a store to its workers
     other = 1 - me
     try:
         for round_ in range(rounds):
@@ -305,14 +332,19 @@ def worker(root: str, entry: str, me: int, rounds: int, errors) -> None:
         errors.put(f'process {me}: {type(error).__name__}: {error}')
 
 
-def test_two_processes_share_one_directory(tmp_path):
+@pytest.mark.parametrize('kind', ['local_directory', 'redis'])
+def test_two_processes_share_one_store(request, tmp_path, kind):
     root = str(tmp_path / 'shared')
-    store = LocalDirectoryStore(root)
+    if kind == 'redis':
+        store = request.getfixturevalue('redis_store')
+    else:
+        store = LocalDirectoryStore(root)
     store.create_entry('job/op')
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context('fork' if 'fork' in methods else 'spawn')
     errors = context.Queue()
-    processes = [context.Process(target=worker, args=(root, 'job/op', me, 150, errors))
+    processes = [context.Process(target=worker,
+                                 args=(pickle.dumps(store), 'job/op', me, 150, errors))
                  for me in (0, 1)]
     for process in processes:
         process.start()
@@ -329,8 +361,9 @@ def test_two_processes_share_one_directory(tmp_path):
     # Racing rewrites may orphan a losing writer's chunks; delete_chunked sweeps them.
     store.delete_chunked('job/op', b'chunked-shared')
     assert chunk_keys(store, 'job/op', b'chunked-shared') == []
-    assert not [name for name in os.listdir(os.path.join(root, 'job%2Fop'))
-                if name.startswith('.')]
+    if kind == 'local_directory':
+        assert not [name for name in os.listdir(os.path.join(root, 'job%2Fop'))
+                    if name.startswith('.')]
 
 
 # store_from_url ----------------------------------------------------------------------------
@@ -340,8 +373,14 @@ def test_store_from_url(tmp_path):
     assert isinstance(by_url, LocalDirectoryStore) and by_url.root == f'{tmp_path}/a b'
     by_path = store_from_url(str(tmp_path / 'plain'))
     assert isinstance(by_path, LocalDirectoryStore) and by_path.root == str(tmp_path / 'plain')
-    with pytest.raises(UnsupportedFeatureError, match='consistent regions'):
-        store_from_url('redis://localhost:6379/0')
+    by_redis = store_from_url('REDIS://:pw@localhost:6379/1', hmac_key_env='BSR_KEY')
+    assert isinstance(by_redis, RedisStore) and by_redis.hmac_key_env == 'BSR_KEY'
+    assert repr(by_redis) == "RedisStore('redis://:***@localhost:6379/1', hmac_key_env='BSR_KEY')"
+    assert isinstance(store_from_url('rediss://localhost:6380/0'), RedisStore)
+    for kind in ('memory://', str(tmp_path / 'keyed'), f'file://{tmp_path}/keyed'):
+        assert store_from_url(kind, hmac_key_env='BSR_KEY').hmac_key_env == 'BSR_KEY'
+    with pytest.raises(ValueError, match=r"redis://:\*\*\*@h/x: the path names the database"):
+        store_from_url('redis://:secret@h/x')
     with pytest.raises(ValueError, match="accepted forms: 'memory://'"):
         store_from_url('s3://bucket/checkpoints')
     with pytest.raises(ValueError, match='local absolute path'):

@@ -36,6 +36,8 @@ from hypothesis import strategies as st
 
 from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
 from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.versioned_state import Revision
+from beam_streams_runner.stores import LocalDirectoryStore
 from beam_streams_runner.translators.side_input_gate import (
     GATE,
     PAIR,
@@ -260,18 +262,18 @@ def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_pat
     sizes, kinds = [], []
     for number, epoch in enumerate(epochs):
         monkeypatch.setattr(PartitionStateCache, '_caches', rng.choice(workers))
-        cache = PartitionStateCache.cache(state_dir)
+        cache = PartitionStateCache.cache(store := LocalDirectoryStore(state_dir), state_dir)
         before = dict(cache.stats)
-        backend = PartitionStateCache.load(
-            state_dir, name, number - 1, lambda: KeyedStateBackend(track_changes=True))
+        backend = PartitionStateCache.load(store, state_dir, name, Revision(number - 1),
+                                           lambda: KeyedStateBackend(track_changes=True))
         kinds.append(next(kind for kind, count in cache.stats.items()
                           if count > before.get(kind, 0)))
         live_gate = gs.make(live)
         assert (run_epoch(gs, gs.make(backend), epoch)
                 == run_epoch(gs, live_gate, epoch)), f'epoch {number}'
-        PartitionStateCache.commit(state_dir, name, number, backend)
-        store = PartitionStateCache.cache(state_dir).store
-        sizes.append(len(store.get_chunked(name, b'd' + number.to_bytes(8, 'big'))))
+        PartitionStateCache.commit(store, state_dir, name, Revision(number),
+                                   Revision(number - 1), backend)
+        sizes.append(len(store.get_chunked(name, b'd' + number.to_bytes(8, 'big') + bytes(2))))
     assert live_gate.graph, 'some elements are still pushed back at the end'
     print(f'\nloads: {kinds}\ndelta bytes per epoch: {sizes}')
     assert 'catch-up' in kinds

@@ -5,7 +5,8 @@ A `DictBackend` (a `KeyedStateBackend` holding one byte value per byte key) stan
 for a stateful operator's state. "Another Python worker" is played by swapping the
 class's per-process caches, so every load path is walked: the live backend (hit), a
 restore from the deltas this process holds or missed, a restore from the store
-alone; plus retried epochs, failed tasks and the size of what a commit writes.
+alone; plus retried epochs, failed tasks, a reset to a cut, a zombie attempt's live
+backend, the bound on stores cached and the size of what a commit writes.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ from __future__ import annotations
 import random
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.versioned_state import (
+    INITIAL_REVISION,
+    MissingStateError,
+    Revision,
+)
+from beam_streams_runner.stores import LocalDirectoryStore
 from beam_streams_runner.worker import partition_cache
 from beam_streams_runner.worker.partition_cache import PartitionStateCache
 
@@ -69,79 +77,137 @@ def processes(monkeypatch):
     return processes
 
 
-def run_epoch(state_dir: str, epoch: int, writes: dict[bytes, bytes | None],
-              fail: bool = False) -> DictBackend:
-    backend = PartitionStateCache.load(state_dir, NAME, epoch - 1, DictBackend)
+class Run:
+    """A run's checkpoint store (a local directory) and its id."""
+
+    def __init__(self, path: Path, run_id: str = 'run-1') -> None:
+        self.path = path
+        self.store = LocalDirectoryStore(str(path))
+        self.id = run_id
+
+    def load(self, base: Revision) -> DictBackend:
+        return PartitionStateCache.load(self.store, self.id, NAME, base, DictBackend)
+
+    def commit(self, revision: Revision, parent: Revision, backend: DictBackend,
+               keep=()) -> int:
+        return PartitionStateCache.commit(self.store, self.id, NAME, revision, parent,
+                                          backend, keep)
+
+    def stats(self) -> dict[str, int]:
+        return PartitionStateCache.cache(self.store, self.id).stats
+
+
+@pytest.fixture
+def run(tmp_path) -> Run:
+    return Run(tmp_path / 'state')
+
+
+def run_epoch(run: Run, epoch: int, writes: dict[bytes, bytes | None], fail: bool = False,
+              parent: Revision | None = None, attempt: int = 0, keep=()) -> DictBackend:
+    """Epoch `epoch` on `parent` (default: epoch-1), committed as (epoch, attempt)."""
+    parent = Revision(epoch - 1) if parent is None else parent
+    backend = run.load(parent)
+    write(backend, writes)
+    if fail:
+        raise RuntimeError('the task failed before its commit')
+    run.commit(Revision(epoch, attempt), parent, backend, keep)
+    return backend
+
+
+def write(backend: DictBackend, writes: dict[bytes, bytes | None]) -> None:
     for key, value in writes.items():
         if value is None:
             backend.delete_value(key)
         else:
             backend.put_value(key, value)
-    if fail:
-        raise RuntimeError('the task failed before its commit')
-    PartitionStateCache.commit(state_dir, NAME, epoch, backend)
-    return backend
 
 
-def test_hit_returns_the_live_backend(tmp_path, processes):
-    state_dir = str(tmp_path)
-    first = run_epoch(state_dir, 0, {b'a': b'1'})
-    second = run_epoch(state_dir, 1, {b'b': b'2'})
+def test_hit_returns_the_live_backend(run, processes):
+    first = run_epoch(run, 0, {b'a': b'1'})
+    second = run_epoch(run, 1, {b'b': b'2'})
     assert second is first
     assert second.values == {b'a': b'1', b'b': b'2'}
-    stats = PartitionStateCache.cache(state_dir).stats
+    stats = run.stats()
     assert (stats['initial'], stats['hit'], stats['snapshot']) == (1, 1, 0)
 
 
-def test_another_worker_restores_from_the_store(tmp_path, processes):
-    state_dir = str(tmp_path)
-    run_epoch(state_dir, 0, {b'a': b'1', b'b': b'2'})
-    run_epoch(state_dir, 1, {b'a': None, b'c': b'3'})
+def test_another_worker_restores_from_the_store(run, processes):
+    run_epoch(run, 0, {b'a': b'1', b'b': b'2'})
+    run_epoch(run, 1, {b'a': None, b'c': b'3'})
     processes.switch(1)  # a new worker: nothing cached
-    backend = run_epoch(state_dir, 2, {b'd': b'4'})
+    backend = run_epoch(run, 2, {b'd': b'4'})
     assert backend.restored
     assert backend.values == {b'b': b'2', b'c': b'3', b'd': b'4'}
     processes.switch(0)  # back on the first worker, which missed epoch 2: catches up
-    backend = run_epoch(state_dir, 3, {})
+    backend = run_epoch(run, 3, {})
     assert backend.values == {b'b': b'2', b'c': b'3', b'd': b'4'}
-    assert PartitionStateCache.cache(state_dir).stats['catch-up'] == 1
+    assert run.stats()['catch-up'] == 1
 
 
-def test_a_retried_epoch_loads_the_previous_version(tmp_path, processes):
-    state_dir = str(tmp_path)
-    run_epoch(state_dir, 0, {b'a': b'1'})
-    run_epoch(state_dir, 1, {b'a': b'2', b'b': b'1'})
+def test_a_retried_epoch_loads_the_previous_revision(run, processes):
+    run_epoch(run, 0, {b'a': b'1'})
+    run_epoch(run, 1, {b'a': b'2', b'b': b'1'})
     # Epoch 1 committed, but Spark runs it again (a lost output, a speculative copy).
     for worker in (0, 1):
         processes.switch(worker)
-        backend = PartitionStateCache.load(state_dir, NAME, 0, DictBackend)
+        backend = run.load(Revision(0))
         assert backend.values == {b'a': b'1'}
-    backend.put_value(b'a', b'2')
-    backend.put_value(b'b', b'1')
-    PartitionStateCache.commit(state_dir, NAME, 1, backend)
+    write(backend, {b'a': b'2', b'b': b'1'})
+    run.commit(Revision(1, 1), Revision(0), backend)
     processes.restart(0)
-    assert run_epoch(state_dir, 2, {}).values == {b'a': b'2', b'b': b'1'}
+    assert run_epoch(run, 2, {}, parent=Revision(1, 1)).values == {b'a': b'2', b'b': b'1'}
 
 
-def test_a_failed_task_leaves_no_half_changed_backend(tmp_path, processes):
-    state_dir = str(tmp_path)
-    live = run_epoch(state_dir, 0, {b'a': b'1'})
+def test_a_failed_task_leaves_no_half_changed_backend(run, processes):
+    live = run_epoch(run, 0, {b'a': b'1'})
     with pytest.raises(RuntimeError):
-        run_epoch(state_dir, 1, {b'a': b'changed', b'z': b'26'}, fail=True)
-    retried = run_epoch(state_dir, 1, {b'b': b'2'})
+        run_epoch(run, 1, {b'a': b'changed', b'z': b'26'}, fail=True)
+    retried = run_epoch(run, 1, {b'b': b'2'}, attempt=1)
     assert retried is not live
     assert retried.values == {b'a': b'1', b'b': b'2'}
 
 
-def test_retries_across_snapshots(tmp_path, processes, monkeypatch):
+def test_a_zombie_attempts_live_backend_is_not_handed_out(run, processes):
+    """Attempts 0 (a zombie, in worker 0) and 1 (in worker 1) of epoch 1 commit; the next
+    epoch in worker 0 loads attempt 1, not the live backend of attempt 0."""
+    run_epoch(run, 0, {b'a': b'1'})
+    zombie = run_epoch(run, 1, {b'a': b'zombie'}, attempt=0)
+    processes.switch(1)
+    run_epoch(run, 1, {b'a': b'winner'}, attempt=1)
+    processes.switch(0)
+    backend = run_epoch(run, 2, {b'b': b'2'}, parent=Revision(1, 1))
+    assert backend is not zombie and backend.restored
+    assert backend.values == {b'a': b'winner', b'b': b'2'}
+    assert run_epoch(run, 3, {}).values == {b'a': b'winner', b'b': b'2'}  # live again: a hit
+    assert run.stats()['hit'] == 2
+
+
+def test_a_reset_to_a_cut_loads_the_cut(run, processes, monkeypatch):
     monkeypatch.setattr(partition_cache, 'SNAPSHOT_EVERY', 2)
-    state_dir = str(tmp_path)
+    cut = Revision(1)
+    run_epoch(run, 0, {b'a': b'0'})
+    run_epoch(run, 1, {b'b': b'1'})
+    live = run_epoch(run, 2, {b'a': None, b'c': b'2'}, keep=[cut])
+    run_epoch(run, 3, {b'd': b'3'}, keep=[cut])  # then epoch 4 fails: reset to the cut
+    backend = run_epoch(run, 5, {b'e': b'5'}, parent=cut, keep=[cut])
+    assert backend is not live and backend.restored
+    assert backend.values == {b'a': b'0', b'b': b'1', b'e': b'5'}
+    for epoch in range(6, 10):
+        run_epoch(run, epoch, {})  # the cut retired: the aborted epochs 2 and 3 are collected
+    processes.switch(1)
+    assert run.load(Revision(9)).values == {b'a': b'0', b'b': b'1', b'e': b'5'}
+    with pytest.raises(MissingStateError, match='at revision 3'):
+        run.load(Revision(3))
+
+
+def test_retries_across_snapshots(run, processes, monkeypatch):
+    monkeypatch.setattr(partition_cache, 'SNAPSHOT_EVERY', 2)
     expected = {}
     for epoch in range(7):
         writes = {f'k{epoch}'.encode(): str(epoch).encode(), f'k{epoch - 2}'.encode(): None}
-        run_epoch(state_dir, epoch, writes)
+        run_epoch(run, epoch, writes)
         processes.restart(1)
-        previous = PartitionStateCache.load(state_dir, NAME, epoch - 1, DictBackend)
+        previous = run.load(Revision(epoch - 1))
         assert previous.values == expected
         processes.switch(0)
         for key, value in writes.items():
@@ -151,34 +217,35 @@ def test_retries_across_snapshots(tmp_path, processes, monkeypatch):
                 expected[key] = value
 
 
-def test_a_missing_state_directory_is_a_clear_error(tmp_path, processes):
-    state_dir = str(tmp_path / 'state')
-    run_epoch(state_dir, 0, {b'a': b'1'})
+def test_a_missing_state_directory_is_a_clear_error(run, processes):
+    run_epoch(run, 0, {b'a': b'1'})
     processes.switch(1)
-    shutil.rmtree(state_dir)
-    with pytest.raises(Exception, match='at version 0'):
-        PartitionStateCache.load(state_dir, NAME, 0, DictBackend)
+    shutil.rmtree(run.path)
+    with pytest.raises(Exception, match='at revision 0'):
+        run.load(Revision(0))
 
 
-def test_caches_of_removed_state_directories_are_dropped(tmp_path, processes):
-    old, new = str(tmp_path / 'run-1'), str(tmp_path / 'run-2')
-    run_epoch(old, 0, {b'a': b'1'})
-    shutil.rmtree(old)
-    run_epoch(new, 0, {b'a': b'1'})
-    assert set(PartitionStateCache._caches) == {new}
+def test_only_the_stores_used_last_are_cached(tmp_path, processes):
+    runs = [Run(tmp_path / f'run-{i}', f'run-{i}') for i in range(6)]
+    for each in runs:
+        run_epoch(each, 0, {b'a': b'1'})
+        runs[0].stats()  # run 0 is used again: it stays among those used last
+    assert partition_cache.CACHED_STORES == 4
+    assert set(PartitionStateCache._caches) == {'run-0', 'run-3', 'run-4', 'run-5'}
+    assert run_epoch(runs[1], 1, {}).values == {b'a': b'1'}  # forgotten: restored
+    assert runs[1].stats()['snapshot'] == 1
 
 
-def test_delta_size_follows_the_keys_touched(tmp_path, processes):
+def test_delta_size_follows_the_keys_touched(run, processes):
     """A commit writes the keys changed (and the partition's small meta value), not the
     partition's whole state."""
-    state_dir = str(tmp_path)
     value = b'v' * 100
-    run_epoch(state_dir, 0, {b'%06d' % i: value for i in range(10_000)})
+    run_epoch(run, 0, {b'%06d' % i: value for i in range(10_000)})
     sizes = {}
     for epoch in range(1, 4):
-        run_epoch(state_dir, epoch, {b'%06d' % (epoch * 7 + i): value for i in range(10)})
-        sizes[epoch] = delta_bytes(state_dir, epoch)
-    assert delta_bytes(state_dir, 0) > 1_000_000
+        run_epoch(run, epoch, {b'%06d' % (epoch * 7 + i): value for i in range(10)})
+        sizes[epoch] = delta_bytes(run, epoch)
+    assert delta_bytes(run, 0) > 1_000_000
     per_key = persisted_bytes(b'000000', value)
     for size in sizes.values():
         assert 10 * per_key < size < 10 * per_key + 300, (per_key, sizes)
@@ -192,55 +259,61 @@ def persisted_bytes(key: bytes, value: bytes) -> int:
                if name != b'm')
 
 
-def delta_bytes(state_dir: str, version: int) -> int:
+def delta_bytes(run: Run, version: int) -> int:
     """Bytes of the delta of `version` in the store (its chunks, not their headers)."""
-    store = PartitionStateCache.cache(state_dir).store
-    return len(store.get_chunked(NAME, b'd' + version.to_bytes(8, 'big')))
+    key = b'd' + version.to_bytes(8, 'big') + bytes(2)  # attempt 0
+    return len(run.store.get_chunked(NAME, key))
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), snapshot_every=st.integers(1, 5))
-def test_random_workers_failures_and_retries_against_a_model(seed, snapshot_every,
-                                                            tmp_path_factory):
+def test_random_workers_failures_retries_and_resets_against_a_model(seed, snapshot_every,
+                                                                   tmp_path_factory):
     """Three workers take the epochs of one partition at random; tasks fail before or
-    after their commit and are retried (with the same input), workers restart; every
-    load equals the model."""
+    after their commit and are retried as a new attempt (with the same input), workers
+    restart, the driver resets to the last cut now and then; every load equals the
+    model."""
     rng = random.Random(seed)
-    state_dir = str(tmp_path_factory.mktemp('state'))
+    run = Run(tmp_path_factory.mktemp('state'))
     writes_by_epoch = [
         {bytes([rng.randrange(6)]): bytes([rng.randrange(256)]) if rng.random() < 0.7 else None
          for _ in range(rng.randrange(4))}
-        for _ in range(12)]
+        for _ in range(16)]
     saved = partition_cache.SNAPSHOT_EVERY, PartitionStateCache._caches
     partition_cache.SNAPSHOT_EVERY = snapshot_every
     workers: dict[int, dict] = {0: {}, 1: {}, 2: {}}
-    model: list[dict[bytes, bytes]] = []  # the state committed at each version
+    model = {INITIAL_REVISION: {}}  # the state committed at each revision
+    base = cut = INITIAL_REVISION
     try:
-        epoch = 0
+        epoch, attempt = 0, 0
         while epoch < len(writes_by_epoch):
             worker = rng.randrange(3)
             if rng.random() < 0.1:
                 workers[worker] = {}  # the worker restarted
             PartitionStateCache._caches = workers[worker]
-            after = dict(model[epoch - 1]) if epoch else {}
-            backend = PartitionStateCache.load(state_dir, NAME, epoch - 1, DictBackend)
-            assert backend.values == after
+            backend = run.load(base)
+            assert backend.values == model[base]
+            write(backend, writes_by_epoch[epoch])
+            after = dict(model[base])
             for key, value in writes_by_epoch[epoch].items():
                 if value is None:
-                    backend.delete_value(key)
                     after.pop(key, None)
                 else:
-                    backend.put_value(key, value)
                     after[key] = value
             outcome = rng.random()
             if outcome < 0.15:
+                attempt += 1
                 continue  # failed before its commit: run again
-            PartitionStateCache.commit(state_dir, NAME, epoch, backend)
-            if len(model) == epoch:
-                model.append(after)
-            assert model[epoch] == after
+            revision = Revision(epoch, attempt)
+            run.commit(revision, base, backend, keep=[cut])
+            model[revision] = after
+            attempt += 1
             if outcome < 0.3:
-                continue  # failed after its commit: run again
-            epoch += 1
+                continue  # failed after its commit (its report lost): run again
+            epoch, attempt, base = epoch + 1, 0, revision
+            if outcome < 0.4:
+                cut = base  # a checkpoint
+            elif outcome > 0.93:
+                base = cut  # a failure: reset to the last cut
     finally:
         partition_cache.SNAPSHOT_EVERY, PartitionStateCache._caches = saved

@@ -1,0 +1,1 @@
+"""Consistent regions: the controller, commit records and reset (design section 12)."""
