@@ -100,9 +100,7 @@ class Checkpointing:
         settings = self.settings
         url = settings.store_url_for(self.job_name)
         self.store = store_from_url(url.reveal(), hmac_key_env=settings.hmac_key_env)
-        check = getattr(self.store, 'check', None)
-        if check is not None:
-            check()
+        self.store.check()  # an unreachable store fails before any Spark job
         label = url.redacted
         ledger = self._ledger = CheckpointLedger(self.store, self.job_name, label)
         self.state_prefix = ledger.state_prefix
