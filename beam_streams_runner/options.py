@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from beam_streams_runner.regions.layout import RegionLayout, RegionLayoutError, parse_region_layout
+from beam_streams_runner.stores.urls import redacted_url
 
 __all__ = [
     'CheckpointSettings',
@@ -46,7 +47,6 @@ __all__ = [
     'default_checkpoint_store',
     'new_job_name',
     'parse_spark_conf',
-    'redact_url',
     'spark_parallelism',
     'validate_streams_spark_options',
 ]
@@ -83,38 +83,6 @@ class InvalidOptionsError(ValueError):
     """The runner's pipeline options are wrong; the message lists every problem."""
 
 
-# scheme:// then the user information: everything up to the LAST '@', since an unencoded
-# '@' (or '/', '?', '#') in a password must not leave part of it in sight.
-_USERINFO = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>.*)@', re.DOTALL)
-# A query argument carrying a secret (redis-py takes ?password=...).
-_SECRET_QUERY = re.compile(r'([?&][^=&#?]*pass[^=&#]*=)[^&#]*', re.IGNORECASE)
-
-
-def redact_url(text: str) -> str:
-    """`text` with the password of the URL in it shown as '***' (the user name is kept),
-    in the user information or in a query argument whose name holds 'pass'.
-
-    Errs on hiding: user information without ':' (which Redis may take as a
-    password) and a user name holding '/', '?' or '#' are hidden whole.
-    """
-    text = str.__str__(text)  # the real content, also of a SecretUrl
-    if '://' not in text:
-        return text
-    text = _SECRET_QUERY.sub(lambda query: query.group(1) + '***', text)
-    match = _USERINFO.search(text)
-    if match is None:
-        return text
-    if match.group('scheme').lower() == 'file://':
-        # A file URL's path may hold '@': only an '@' in the host part is user information.
-        authority = text[match.start('userinfo'):].split('/', 1)[0]
-        if '@' not in authority:
-            return text
-        match = _USERINFO.search(text, 0, match.start('userinfo') + len(authority))
-    user, colon, _ = match.group('userinfo').partition(':')
-    shown = f'{user}:***' if colon and not set(user) & set('/?#') else '***'
-    return text[:match.start('userinfo')] + shown + text[match.end('userinfo'):]
-
-
 class SecretUrl(str):
     """A URL whose password stays out of logs and messages.
 
@@ -134,7 +102,7 @@ class SecretUrl(str):
     @property
     def redacted(self) -> str:
         """The URL with its password shown as '***'."""
-        return redact_url(self)
+        return redacted_url(self)
 
     def reveal(self) -> str:
         """The real URL, password included, as a plain str: never log it."""
@@ -282,8 +250,9 @@ def _add_checkpoint_args(parser) -> None:
         '--drain_timeout_s',
         type=_float_or_text,
         default=DEFAULT_DRAIN_TIMEOUT_S,
-        help=('Seconds a region may take to drain its in-flight data and write a '
-              'checkpoint before the attempt fails and the region resets. Default: '
+        help=('Seconds an epoch may run while a checkpoint or a drain waits for it '
+              '(every epoch, with consistent regions on); a longer epoch is cancelled and '
+              'counts as a failure: the region resets. Default: '
               f'{DEFAULT_DRAIN_TIMEOUT_S:g}.'))
     parser.add_argument(
         '--reset_timeout_s',
@@ -417,7 +386,7 @@ def _misspelled_flags(options: PipelineOptions) -> list[str]:
         known = _known_flags() if known is None else known
         if '--' + name not in known:
             # The flag may carry a store URL: its password must not reach the message.
-            problems.append(f'{redact_url(arg)!r} is not an option of the runner or of Beam '
+            problems.append(f'{redacted_url(arg)!r} is not an option of the runner or of Beam '
                             '(Beam would ignore it and use the default); did you mean '
                             f'--{close[0]}?')
     return problems

@@ -1,4 +1,4 @@
-"""The `PipelineResult` of a run: state, waiting, cancelling, metrics and progress.
+"""The `PipelineResult` of a run: state, waiting, cancelling, draining, metrics, progress.
 
 A run executes on a driver thread of its own (not a daemon: the interpreter
 waits for it, so `p.run()` without `wait_until_finish()` still completes).
@@ -6,18 +6,25 @@ waits for it, so `p.run()` without `wait_until_finish()` still completes).
 accumulator (see `metrics`), so it reflects every finished task while the
 pipeline runs and the whole run once it is done.
 
-Ctrl-C and SIGTERM while a run is waited for (in `wait_until_finish`, or by
-the interpreter at exit when the program never waited) cancel it: its Spark
-jobs are cancelled, the state becomes CANCELLED and one line, `Pipeline
-cancelled`, goes to stderr. A program (`python my_pipeline.py`) then exits with
-status 130, without a traceback: `wait_until_finish` raises
-`PipelineInterrupted`, a `SystemExit` that `except KeyboardInterrupt` catches
-too. In an interactive session (a REPL, IPython, Jupyter) Ctrl-C raises a plain
-`KeyboardInterrupt` instead, so the session goes on. No SIGINT handler is
-installed (PySpark's own turns Ctrl-C into a KeyboardInterrupt after cancelling
-the context's jobs); a SIGTERM handler is, only while a run is waited for in
-the main thread, only in place of SIGTERM's default action, and the previous
-disposition comes back after (see docs/decisions.md).
+`drain()` stops a streaming run after its running epoch with a last checkpoint
+of every consistent region (the state is DRAINING, then DRAINED), so that the
+same `--job_name` resumes it; a batch run cannot be drained (as on Dataflow).
+
+Ctrl-C while a run is waited for (in `wait_until_finish`, or by the interpreter
+at exit when the program never waited) cancels it: its Spark jobs are
+cancelled, the state becomes CANCELLED and one line, `Pipeline cancelled`, goes
+to stderr. A program (`python my_pipeline.py`) then exits with status 130,
+without a traceback: `wait_until_finish` raises `PipelineInterrupted`, a
+`SystemExit` that `except KeyboardInterrupt` catches too. In an interactive
+session (a REPL, IPython, Jupyter) Ctrl-C raises a plain `KeyboardInterrupt`
+instead, so the session goes on. SIGTERM cancels a batch run the same way, but
+drains a streaming one: `Pipeline drained` goes to stderr and the program exits
+with status 0 (`PipelineDrained`); a SIGTERM (or Ctrl-C) during the drain
+cancels at once. No SIGINT handler is installed (PySpark's own turns Ctrl-C into
+a KeyboardInterrupt after cancelling the context's jobs); a SIGTERM handler is,
+only while a run is waited for in the main thread, only in place of SIGTERM's
+default action, and the previous disposition comes back after (see
+docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ from typing import NoReturn
 
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
+from beam_streams_runner.errors import UnsupportedFeatureError
 from beam_streams_runner.metrics import MetricTotals, StreamsSparkMetrics
 
 _LOGGER = logging.getLogger(__name__)
 
 EXIT_STATUS_CANCELLED = 130  # a shell's status for a program ended by SIGINT (128 + 2)
+EXIT_STATUS_DRAINED = 0  # a drained streaming run is a clean stop (docs/decisions.md)
 _CANCEL_AGAIN_S = 2.0
 # How Spark words a job it cancelled: by job group, all jobs (PySpark's Ctrl-C), the UI.
 _SPARK_JOB_CANCELLED = re.compile(r'SPARK_JOB_CANCELLED|Job \d+ cancelled')
@@ -48,6 +57,12 @@ class PipelineInterrupted(SystemExit, KeyboardInterrupt):
     """Ctrl-C or SIGTERM cancelled the run `wait_until_finish` waited for. Uncaught,
     the program exits with status 130 and no traceback (a `SystemExit`); code that
     handles Ctrl-C with `except KeyboardInterrupt` still catches it."""
+
+
+class PipelineDrained(SystemExit):
+    """SIGTERM drained the streaming run `wait_until_finish` waited for: it stopped
+    after an epoch with a last checkpoint, which the same `--job_name` resumes from.
+    Uncaught, the program exits with status 0 and no traceback."""
 
 
 class _TerminationRequested(BaseException):
@@ -63,16 +78,26 @@ _exit_wait_registered = False
 class StreamsSparkPipelineResult(PipelineResult):
     def __init__(self, run: Callable[[], None], cancel: Callable[[], None],
                  metric_totals: Callable[[], MetricTotals], on_done: Callable[[], None],
-                 progress: Callable[[], list[dict]] = list) -> None:
+                 progress: Callable[[], list[dict]] = list,
+                 drain: Callable[[], None] | None = None,
+                 drained: Callable[[], bool] | None = None) -> None:
+        """`drain`: asks a streaming run to stop after its running epoch (None: a batch
+        run, which cannot be drained); `drained`: whether the run stopped for it (not by
+        finishing first; None: it did whenever a drain was asked)."""
         super().__init__(PipelineState.STARTING)
         self._run = run
         self._cancel = cancel
+        self._drain = drain
+        self._drained = drained or (lambda: True)
         self._metric_totals = metric_totals
         self._on_done = on_done
         self._progress = progress
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._announced = False
+        # Set when the run ended. Not `Thread.is_alive()`: on Python 3.11 a join that a
+        # signal handler interrupted marks the thread stopped while it still runs.
+        self._done = threading.Event()
         self._thread = threading.Thread(
             target=self._execute, name='StreamsSparkRunner-driver', daemon=False)
 
@@ -100,7 +125,12 @@ class StreamsSparkPipelineResult(PipelineResult):
                     _LOGGER.error('Pipeline failed: %s', exc)
         else:
             with self._lock:
-                if self._state not in (PipelineState.CANCELLING, PipelineState.CANCELLED):
+                if self._state == PipelineState.DRAINING:
+                    # A run that finished before the drain got there is DONE: its
+                    # checkpoints are gone, there is nothing to resume.
+                    self._state = (PipelineState.DRAINED if self._drained()
+                                   else PipelineState.DONE)
+                elif self._state not in (PipelineState.CANCELLING, PipelineState.CANCELLED):
                     self._state = PipelineState.DONE
         finally:
             with self._lock:
@@ -108,6 +138,7 @@ class StreamsSparkPipelineResult(PipelineResult):
                     self._state = PipelineState.CANCELLED
             self._on_done()
             _RUNNING.discard(self)
+            self._done.set()
 
     @property
     def state(self) -> str:
@@ -116,15 +147,22 @@ class StreamsSparkPipelineResult(PipelineResult):
     def wait_until_finish(self, duration: int | None = None) -> str:
         """Waits for the end of the run (at most `duration` milliseconds).
 
-        Ctrl-C or SIGTERM meanwhile cancels the run and raises `PipelineInterrupted`
-        (exit status 130), or `KeyboardInterrupt` in an interactive session.
+        Ctrl-C meanwhile cancels the run and raises `PipelineInterrupted` (exit status
+        130), or `KeyboardInterrupt` in an interactive session; so does SIGTERM for a
+        batch run. SIGTERM drains a streaming run and raises `PipelineDrained` (exit
+        status 0) once it is DRAINED; a SIGTERM or Ctrl-C during a drain cancels.
         """
         try:
             with _sigterm_interrupts():
-                self._thread.join(None if duration is None else duration / 1000.0)
+                try:
+                    self._thread.join(None if duration is None else duration / 1000.0)
+                except _TerminationRequested:
+                    if self._drain is None or self._state == PipelineState.DRAINING:
+                        raise  # a batch run, or a drain already under way: cancel
+                    self._drain_on_sigterm()
         except (KeyboardInterrupt, _TerminationRequested) as interrupt:
             self._cancel_on_interrupt(interrupt)
-        if self._thread.is_alive():
+        if not self._done.is_set():
             return self._state
         if self._error is not None:
             raise self._error
@@ -136,15 +174,62 @@ class StreamsSparkPipelineResult(PipelineResult):
                 return self._state
             self._state = PipelineState.CANCELLING
         self._cancel()
-        while self._thread.is_alive():
-            self._thread.join(_CANCEL_AGAIN_S)
-            if self._thread.is_alive():
-                # A job submitted just as the run's jobs were cancelled escaped it.
-                self._cancel()
+        while not self._done.wait(_CANCEL_AGAIN_S):
+            # A job submitted just as the run's jobs were cancelled escaped it.
+            self._cancel()
         with self._lock:
             self._state = PipelineState.CANCELLED
             self._error = None
         return self._state
+
+    def drain(self) -> str:
+        """Drains a streaming run and waits for it: the run stops after its running
+        epoch (an epoch a drain waits for longer than --drain_timeout_s is cancelled
+        and, with consistent regions on, replayed from the last checkpoint first), takes
+        a last checkpoint of every consistent region, waited for until it is durable,
+        and ends DRAINED; the same command with the same --job_name resumes it. The
+        state is DRAINING meanwhile. With consistent regions off it stops after the
+        running epoch all the same, with a warning that nothing was checkpointed.
+
+        Unlike Dataflow's drain, the watermarks do not advance to the end: windows still
+        open stay open in the checkpoint and fire in the resumed run.
+
+        Returns the state (that of the end if the run ended before, DONE if it finished
+        before the drain got there), raises the run's error if the drain failed. Ctrl-C
+        (or SIGTERM) while it waits cancels the run. A batch run cannot be drained, as on
+        Dataflow: raises `UnsupportedFeatureError` (use `cancel()`).
+        """
+        if self._drain is None:
+            raise UnsupportedFeatureError(
+                'drain() stops a streaming pipeline after its running epoch, with a last '
+                'checkpoint to resume from; a batch pipeline has neither epochs nor '
+                'checkpoints, so it cannot be drained (as on Dataflow). Use cancel() to '
+                'stop it, or let it finish.')
+        self._request_drain()
+        return self.wait_until_finish()
+
+    def _request_drain(self) -> None:
+        with self._lock:
+            if (PipelineState.is_terminal(self._state)
+                    or self._state in (PipelineState.CANCELLING, PipelineState.DRAINING)):
+                return
+            self._state = PipelineState.DRAINING
+        self._drain()
+
+    def _drain_on_sigterm(self) -> None:
+        """SIGTERM while a streaming run was waited for: drains it, says so once and ends
+        the program (status 0). A SIGTERM or Ctrl-C meanwhile is raised to the caller,
+        which cancels; a failed drain leaves its error to `wait_until_finish`."""
+        self._request_drain()
+        self._done.wait()
+        if self._state != PipelineState.DRAINED:
+            return
+        with self._lock:
+            announce, self._announced = not self._announced, True
+        if announce:
+            sys.stderr.write('Pipeline drained\n')
+            sys.stderr.flush()
+        raise PipelineDrained(EXIT_STATUS_DRAINED) from None
 
     def _cancel_on_interrupt(self, interrupt: BaseException) -> NoReturn:
         """Ctrl-C or SIGTERM while the run was waited for: cancels it, says so once,
@@ -210,7 +295,9 @@ def _spark_job_cancelled(exc: BaseException) -> bool:
         seen.add(id(exc))
         if _SPARK_JOB_CANCELLED.search(str(exc)):
             return True
-        exc = exc.__cause__ or exc.__context__
+        # `raise ... from None` says the exception before is not the cause (the drain
+        # timeout: the runner cancelled the epoch, the run failed).
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return False
 
 
@@ -261,15 +348,18 @@ def _wait_for_runs_at_exit() -> None:
     for result in list(_RUNNING):
         try:
             result.wait_until_finish()
+        except PipelineDrained:
+            # Only os._exit sets the exit status once the program has ended.
+            _exit_now(EXIT_STATUS_DRAINED)
         except (KeyboardInterrupt, SystemExit):
-            _exit_now()  # only os._exit sets the exit status once the program has ended
+            _exit_now()
         except Exception:  # noqa: BLE001 - a failed run was logged by its thread
             pass
 
 
-def _exit_now() -> NoReturn:
+def _exit_now(status: int = EXIT_STATUS_CANCELLED) -> NoReturn:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(EXIT_STATUS_CANCELLED)
+    os._exit(status)

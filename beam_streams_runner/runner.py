@@ -40,6 +40,7 @@ from beam_streams_runner.options import (
     spark_parallelism,
     validate_streams_spark_options,
 )
+from beam_streams_runner.regions.publishing import publishing_steps
 from beam_streams_runner.result import StreamsSparkPipelineResult
 
 _LOGGER = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class StreamsSparkRunner(PipelineRunner):
                 'them in DoFn.setup() instead of __init__.') from exc
         proto = merge_common_environments(merge_superset_dep_environments(proto))
         streaming = needs_streaming(proto, options.view_as(StandardOptions).streaming)
-        plan = build_plan(proto, is_drain=self._is_drain, streaming=streaming)
+        plan = build_plan(proto, is_drain=self._is_drain, streaming=streaming,
+                          publishing=publishing_steps(pipeline))
         try:
             check_deterministic_keys(proto, plan.execution_context.pipeline_context)
             spark = get_or_create_spark(spark_options, app_name='beam-streams-runner')
@@ -97,6 +99,7 @@ class StreamsSparkRunner(PipelineRunner):
                     endpoints=find_endpoints(proto),
                     checkpoint=checkpoint_settings(options))
                 progress = driver.progress.records
+                drain, drained = driver.drain, driver.drained
             else:
                 driver = BatchDriver(
                     spark.sparkContext, plan,
@@ -105,6 +108,7 @@ class StreamsSparkRunner(PipelineRunner):
                     on_progress=_log_progress)
                 # One Spark job: Spark's console progress bar and UI follow it.
                 progress = list
+                drain = drained = None  # nothing to drain: result.drain() says so
         except BaseException:
             plan.close()
             raise
@@ -114,6 +118,8 @@ class StreamsSparkRunner(PipelineRunner):
             metric_totals=lambda: driver.metrics.value,
             on_done=plan.close,
             progress=progress,
+            drain=drain,
+            drained=drained,
         ).start()
 
 

@@ -54,6 +54,7 @@ from beam_streams_runner.errors import (
     UnsupportedFeatureError,
 )
 from beam_streams_runner.options import InvalidOptionsError
+from beam_streams_runner.regions.controller import RegionResetError
 from tests.driver.test_java import _fake_jdk
 
 DOCS = os.path.join(os.path.dirname(TESTS_DIR), 'docs', 'errors.md')
@@ -509,9 +510,20 @@ USER_CODE_CASES = [
          PipelineExecutionError,
          (r"^Beam step 'Check' failed: RuntimeError: negative reading for b",),
          (r'line \d+, in reject',), spark=True),
-    Case('dofn-raises-streaming', _pipeline(_fails_on_text, '--streaming'),
+    Case('dofn-raises-streaming',
+         _pipeline(_fails_on_text, '--streaming', '--checkpoint_period_s=0'),
          PipelineExecutionError, (r"^Beam step 'Parse' failed: ValueError: not a reading",),
          (r'line \d+, in parse_reading',), spark=True, timeout=240),
+    # With consistent regions on, the region resets and replays before it gives up; the
+    # error names the region, each attempt's cause and the checkpoint to resume from.
+    Case('dofn-raises-streaming-regions',
+         _pipeline(_fails_on_text, '--streaming', '--max_consecutive_reset_attempts=1'),
+         RegionResetError,
+         (r"^Consistent region 'default' failed 2 times in a row",
+          r"attempt 2: PipelineExecutionError: Beam step 'Parse' failed: ValueError: not a "
+          r'reading'),
+         (r'the job resumes from checkpoint 0', r'line \d+, in parse_reading'), spark=True,
+         timeout=240),
     Case('dofn-setup-raises',
          _pipeline(lambda p: p | beam.Create([1]) | 'Connect' >> beam.ParDo(ConnectsInSetup())),
          PipelineExecutionError,

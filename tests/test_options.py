@@ -23,7 +23,6 @@ from beam_streams_runner.options import (
     default_checkpoint_store,
     new_job_name,
     parse_spark_conf,
-    redact_url,
     spark_parallelism,
     validate_streams_spark_options,
 )
@@ -395,22 +394,6 @@ def test_secret_url_survives_copies_and_pickles():
 def test_secret_url_without_password_is_unchanged():
     for text in ('/var/ckpt', 'file:///var/a@b', 'redis://h:1/0', 'memory://'):
         assert str(SecretUrl(text)) == text == SecretUrl(text).redacted
-
-
-@pytest.mark.parametrize('url, redacted', [
-    ('redis://user:pw@h:1/0', 'redis://user:***@h:1/0'),
-    ('redis://pw@h:1/0', 'redis://***@h:1/0'),  # a password written as the user name
-    ('redis://:ab/cd@h:1/0', 'redis://:***@h:1/0'),  # an unencoded '/' in the password
-    ('rediss://:a?b#c@h', 'rediss://:***@h'),
-    ('file://u:pw@host/x@y', 'file://u:***@host/x@y'),
-    ('--checkpoint-store=redis://:pw@h', '--checkpoint-store=redis://:***@h'),
-    ('redis://h:1/0?password=pw&db=1', 'redis://h:1/0?password=***&db=1'),
-    ('rediss://h?ssl=1&PassWord=pw#x', 'rediss://h?ssl=1&PassWord=***#x'),
-    ('redis://u:pw@h/0?password=pw2', 'redis://u:***@h/0?password=***'),
-    ('/dir?password=kept', '/dir?password=kept'),  # a path, not a URL
-])
-def test_redact_url(url, redacted):
-    assert redact_url(url) == redacted
 
 
 def test_password_with_special_characters():

@@ -1,4 +1,4 @@
-"""The PipelineResult: waiting with a duration, cancelling, state."""
+"""The PipelineResult: waiting with a duration, cancelling, draining, state."""
 
 from __future__ import annotations
 
@@ -19,8 +19,13 @@ from apache_beam.transforms import userstate
 
 from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner import result as result_module
+from beam_streams_runner.errors import UnsupportedFeatureError
 from beam_streams_runner.metrics import MetricTotals
-from beam_streams_runner.result import PipelineInterrupted, StreamsSparkPipelineResult
+from beam_streams_runner.result import (
+    PipelineDrained,
+    PipelineInterrupted,
+    StreamsSparkPipelineResult,
+)
 
 
 def _held(x, gate: str):
@@ -116,8 +121,27 @@ def _endless_result() -> StreamsSparkPipelineResult:
                                       on_done=lambda: None).start()
 
 
-def _signal_once_waiting(signum: int) -> threading.Thread:
-    """Sends `signum` to the main thread once it blocks in `wait_until_finish`."""
+def _drainable_result(stops_on_drain: bool = True) -> tuple[StreamsSparkPipelineResult,
+                                                              threading.Event]:
+    """A streaming-like result (no Spark) and the event its drain sets; the run ends on
+    cancel(), and on drain() when `stops_on_drain`."""
+    stop, drained = threading.Event(), threading.Event()
+
+    def drain() -> None:
+        drained.set()
+        if stops_on_drain:
+            stop.set()
+
+    result = StreamsSparkPipelineResult(run=stop.wait, cancel=stop.set,
+                                        metric_totals=MetricTotals, on_done=lambda: None,
+                                        drain=drain).start()
+    return result, drained
+
+
+def _signal_once_waiting(signum: int, after: threading.Event | None = None
+                         ) -> threading.Thread:
+    """Sends `signum` to the main thread once it blocks in `wait_until_finish` (and
+    `after` is set)."""
     main = threading.main_thread()
 
     def waiting() -> bool:
@@ -126,11 +150,14 @@ def _signal_once_waiting(signum: int) -> threading.Thread:
         while frame is not None:
             names.append(frame.f_code.co_name)
             frame = frame.f_back
-        return names[:1] == ['_wait_for_tstate_lock'] and 'wait_until_finish' in names
+        # Thread.join, or the result's Event.wait (a drain after SIGTERM).
+        return (names[:1] in (['_wait_for_tstate_lock'], ['wait'])
+                and 'wait_until_finish' in names)
 
     def send() -> None:
         deadline = time.monotonic() + 60  # a hang guard: sent anyway after it
-        while not waiting() and time.monotonic() < deadline:
+        while ((not waiting() or (after is not None and not after.is_set()))
+               and time.monotonic() < deadline):
             time.sleep(0.01)
         signal.pthread_kill(main.ident, signum)
 
@@ -186,6 +213,75 @@ def test_sigterm_while_waiting_cancels_the_run_and_exits_130(capsys):
     assert result.state == PipelineState.CANCELLED
     assert capsys.readouterr().err == 'Pipeline cancelled\n'
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
+def _skip_if_sigterm_handled() -> None:
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip('SIGTERM has a handler in this process: the runner leaves it alone')
+
+
+def test_sigterm_while_waiting_drains_a_streaming_run_and_exits_0(capsys):
+    _skip_if_sigterm_handled()
+    result, drained = _drainable_result()
+    _signal_once_waiting(signal.SIGTERM)
+    with pytest.raises(PipelineDrained) as raised:
+        result.wait_until_finish()
+    # Uncaught, SystemExit(0) ends the program quietly, as a clean stop.
+    assert raised.value.code == 0 and not isinstance(raised.value, KeyboardInterrupt)
+    assert drained.is_set() and result.state == PipelineState.DRAINED
+    assert capsys.readouterr().err == 'Pipeline drained\n'
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    assert result.wait_until_finish() == PipelineState.DRAINED
+
+
+def test_a_second_sigterm_during_the_drain_cancels(capsys):
+    _skip_if_sigterm_handled()
+    result, drained = _drainable_result(stops_on_drain=False)  # a drain that hangs
+    _signal_once_waiting(signal.SIGTERM)
+    sender = _signal_once_waiting(signal.SIGTERM, after=drained)
+    with pytest.raises(PipelineInterrupted) as raised:
+        result.wait_until_finish()
+    sender.join()
+    assert raised.value.code == 130
+    assert result.state == PipelineState.CANCELLED
+    assert capsys.readouterr().err == 'Pipeline cancelled\n'
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.usefixtures('default_sigint')
+def test_ctrl_c_during_a_drain_cancels(capsys, monkeypatch):
+    monkeypatch.setattr(result_module, '_interactive', lambda: False)
+    result, drained = _drainable_result(stops_on_drain=False)
+    _signal_once_waiting(signal.SIGINT, after=drained)
+    with pytest.raises(PipelineInterrupted):
+        result.drain()
+    assert result.state == PipelineState.CANCELLED
+    assert capsys.readouterr().err == 'Pipeline cancelled\n'
+
+
+def test_drain_waits_for_the_run_and_ends_drained():
+    result, drained = _drainable_result()
+    assert result.drain() == PipelineState.DRAINED
+    assert drained.is_set()
+    assert result.wait_until_finish() == PipelineState.DRAINED
+    assert result.drain() == PipelineState.DRAINED  # a terminal state stays
+    assert result.cancel() == PipelineState.DRAINED
+
+
+def test_a_run_that_finished_before_the_drain_got_there_is_done():
+    stop = threading.Event()
+    result = StreamsSparkPipelineResult(run=stop.wait, cancel=stop.set,
+                                        metric_totals=MetricTotals, on_done=lambda: None,
+                                        drain=stop.set, drained=lambda: False).start()
+    assert result.drain() == PipelineState.DONE
+
+
+def test_a_batch_run_cannot_be_drained():
+    result = _endless_result()  # no drain: a batch run
+    with pytest.raises(UnsupportedFeatureError, match=r'batch pipeline .* cannot be drained'):
+        result.drain()
+    assert result.state == PipelineState.RUNNING
+    assert result.cancel() == PipelineState.CANCELLED
 
 
 def _descendants(pid: int) -> set[int]:
@@ -246,6 +342,13 @@ def _interrupted_program(tmp_path, command: list[str], signum: int) -> tuple[int
     return status, err_path.read_text()
 
 
+def _assert_drained(status: int, stderr: str) -> None:
+    assert status == 0, stderr[-3000:]
+    assert stderr.count('Pipeline drained') == 1, stderr[-3000:]
+    assert any(line.endswith('Pipeline drained') for line in stderr.splitlines())
+    assert 'Traceback' not in stderr, stderr[-3000:]
+
+
 def _assert_cancelled(status: int, stderr: str) -> None:
     assert status == 130, stderr[-3000:]
     assert stderr.count('Pipeline cancelled') == 1, stderr[-3000:]
@@ -264,13 +367,14 @@ def test_ctrl_c_cancels_a_streaming_program(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_sigterm_cancels_a_streaming_program(tmp_path):
-    _assert_cancelled(*_interrupted_program(tmp_path, EXAMPLE, signal.SIGTERM))
+def test_sigterm_drains_a_streaming_program_which_exits_0(tmp_path):
+    # Consistent regions are on by default: the drain's last checkpoint is durable
+    # (tests/driver/test_drain.py resumes from it).
+    _assert_drained(*_interrupted_program(tmp_path, EXAMPLE, signal.SIGTERM))
 
 
-@pytest.mark.timeout(900)
-def test_ctrl_c_cancels_a_run_the_program_never_waited_for(tmp_path):
-    """The program ends after p.run(): the interpreter waits for the run at exit."""
+def _no_wait_program(tmp_path) -> list[str]:
+    """A program that ends after p.run(): the interpreter waits for the run at exit."""
     script = tmp_path / 'no_wait.py'
     script.write_text(textwrap.dedent('''
         import apache_beam as beam
@@ -284,5 +388,16 @@ def test_ctrl_c_cancels_a_run_the_program_never_waited_for(tmp_path):
         build_pipeline(pipeline, counts_options)
         pipeline.run()  # and no wait_until_finish()
     '''))
-    _assert_cancelled(*_interrupted_program(tmp_path, [sys.executable, str(script)],
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_cancels_a_run_the_program_never_waited_for(tmp_path):
+    _assert_cancelled(*_interrupted_program(tmp_path, _no_wait_program(tmp_path),
                                             signal.SIGINT))
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_drains_a_run_the_program_never_waited_for(tmp_path):
+    _assert_drained(*_interrupted_program(tmp_path, _no_wait_program(tmp_path),
+                                          signal.SIGTERM))

@@ -84,6 +84,7 @@ class Checkpointing:
         self.regions = stage_regions(plan, settings.layout) if self.enabled else {}
         self.controllers: list[ConsistentRegionController] = []
         self._plan = plan
+        self._publishing = frozenset(s.name for s in plan.stages if s.publishes)
         self._partitions = partitions
         self._temporary: str | None = None
         self._ledger: CheckpointLedger | None = None
@@ -131,6 +132,21 @@ class Checkpointing:
     def after_epoch(self, epoch: int, requested: bool) -> None:
         for controller in self.controllers:
             controller.after_epoch(epoch, requested)
+
+    def published_through(self) -> dict[str, int]:
+        """Each publishing stage of a region -> the epoch of the region's newest
+        consistent cut (-1: none yet): what its publish gate may release."""
+        return {stage: controller.consistent_epoch for controller in self.controllers
+                for stage in controller.stages if stage in self._publishing}
+
+    def seconds_to_next_cut(self) -> float | None:
+        """How long until some region cuts (None: consistent regions are off)."""
+        return min((c.seconds_to_next_cut() for c in self.controllers), default=None)
+
+    @property
+    def region_stages(self) -> frozenset[str]:
+        """The stages of every region (the others are autonomous)."""
+        return frozenset().union(*self.regions.values())
 
     def reset(self, cause: BaseException) -> None:
         """Resets every region after `cause` failed an epoch (or raises, see controller).

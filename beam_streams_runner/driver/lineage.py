@@ -6,10 +6,11 @@ partitioning and the small functions the lineages ship to Spark.
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from apache_beam.portability import common_urns
 from pyspark import SparkContext
@@ -28,11 +29,31 @@ class PipelineJobs:
         self.sc = sc
         self.run_id = f'beam-{uuid.uuid4().hex[:12]}'
         self.cancelled = threading.Event()
+        self._description = ''
 
     def start(self, description: str) -> None:
         """Names the jobs this thread submits from here on (Spark UI) and tags them."""
+        self._description = description
         self.sc.setJobGroup(self.run_id, description, interruptOnCancel=True)
         self.sc.addJobTag(self.run_id)  # what `cancel` cancels
+
+    @contextlib.contextmanager
+    def epoch(self, number: int) -> Iterator[str]:
+        """The jobs this thread submits in the block (one streaming epoch's) go to a job
+        group of their own, which it yields: `cancel_epoch` cancels them alone. They
+        keep the run's tag, so `cancel` still cancels them; the run's group comes back
+        after the block."""
+        group = f'{self.run_id}-epoch-{number}'
+        self.sc.setJobGroup(group, self._description, interruptOnCancel=True)
+        try:
+            yield group
+        finally:
+            self.sc.setJobGroup(self.run_id, self._description, interruptOnCancel=True)
+
+    def cancel_epoch(self, group: str) -> None:
+        """Cancels the running jobs of one epoch's group (see `epoch`), not the run: the
+        driver sees that epoch fail and goes on (the drain timeout)."""
+        self.sc.cancelJobGroup(group)
 
     def cancel(self) -> None:
         # Cancelling stops the running jobs only: the flag stops the next. By job tag,

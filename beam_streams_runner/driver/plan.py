@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import (
@@ -83,6 +83,9 @@ class StagePlan:
     # 'test_stream' stages: the TestStreamPayload, and output tag -> DATA_OUTPUT id.
     test_stream: bytes | None = None
     test_stream_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Its first step publishes (see `regions.publishing`): with consistent regions on,
+    # its input waits for the cut covering it (`translators/publish_gate`).
+    publishes: bool = False
 
     @property
     def display_name(self) -> str:
@@ -211,6 +214,21 @@ def annotate_side_input_consumers_as_roots(
         yield stage
 
 
+def annotate_publishing_steps_as_roots(
+    publishing: frozenset[str]
+) -> Callable[[Iterable[translations.Stage], translations.TransformContext],
+              Iterable[translations.Stage]]:
+    """Streaming fusion phase: a step that publishes (`regions.publishing`) starts its
+    own stage, so that its input arrives at the stage boundary, where it waits for the
+    consistent cut covering it (`translators/publish_gate`)."""
+    def phase(stages, context):
+        for stage in stages:
+            if any(t.unique_name in publishing for t in stage.transforms):
+                stage.forced_root = True
+            yield stage
+    return phase
+
+
 STREAMING_PHASES = [
     keep_timestamped_combines_unlifted if phase is translations.lift_combiners else phase
     for phase in PHASES
@@ -224,11 +242,18 @@ STREAMING_PHASES.insert(
 
 def build_plan(
     pipeline_proto: beam_runner_api_pb2.Pipeline, is_drain: bool = False,
-    streaming: bool = False,
+    streaming: bool = False, publishing: frozenset[str] = frozenset(),
 ) -> PipelinePlan:
+    """The plan of `pipeline_proto`; in streaming, the steps named in `publishing` each
+    start a stage of their own, marked `publishes`."""
+    phases = PHASES
+    if streaming:
+        phases = list(STREAMING_PHASES)
+        phases.insert(phases.index(annotate_side_input_consumers_as_roots) + 1,
+                      annotate_publishing_steps_as_roots(publishing))
     stage_context, stages = translations.create_and_optimize_stages(
         copy.deepcopy(pipeline_proto),
-        phases=STREAMING_PHASES if streaming else PHASES,
+        phases=phases,
         known_runner_urns=RUNNER_PRIMITIVES,
         use_state_iterables=False,
         is_drain=is_drain)
@@ -250,6 +275,9 @@ def build_plan(
         _stage_plan(context, stage, index, gbk_transforms)
         for index, stage in enumerate(stages)
     ]
+    if streaming:
+        for stage_plan in plans:
+            stage_plan.publishes = any(s in publishing for s in stage_plan.step_names)
     return PipelinePlan(
         stages=plans,
         components=stage_context.components.SerializeToString(),

@@ -31,6 +31,7 @@ class SourcePositions(MemberBase):
         self._test_stream_events = test_streams
         # stage -> [(residual, due at, in micros of the driver's clock)]
         self.residuals: dict[str, list[tuple[Residual, int]]] = {}
+        self._in_flight: dict[str, list[tuple[Residual, int]]] = {}  # dealt to the epoch
         self.impulses_fired: set[str] = set()
         self.finished: set[str] = set()
         self._played: dict[str, int] = {}
@@ -56,13 +57,24 @@ class SourcePositions(MemberBase):
         """The residuals due at `clock` per stage, and per stage the watermark hold of
         those kept back."""
         due, holds = {}, {}
+        self._in_flight = {}
         for stage_name, pending in self.residuals.items():
-            due[stage_name] = [r for r, at in pending if at <= clock]
+            self._in_flight[stage_name] = [(r, at) for r, at in pending if at <= clock]
+            due[stage_name] = [r for r, _ in self._in_flight[stage_name]]
             kept = [(r, at) for r, at in pending if at > clock]
             self.residuals[stage_name] = kept
             if kept:
                 holds[stage_name] = min(r.watermark for r, _ in kept)
         return due, holds
+
+    def epoch_failed(self, reset_stages: Set[str]) -> None:
+        """The epoch the due residuals were dealt to failed: the stages no region reset
+        (autonomous ones) get theirs back, to read again; a reset stage read again from
+        its cut instead."""
+        for stage_name, dealt in self._in_flight.items():
+            if stage_name not in reset_stages and dealt:
+                self.residuals.setdefault(stage_name, []).extend(dealt)
+        self._in_flight = {}
 
     def add(self, stage_name: str, residual: Residual, due_at: int) -> None:
         self.residuals.setdefault(stage_name, []).append((residual, due_at))

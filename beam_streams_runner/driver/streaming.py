@@ -54,6 +54,7 @@ from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
 from beam_streams_runner.driver.checkpointing import Checkpointing
+from beam_streams_runner.driver.draining import EpochWatch, end_drain
 from beam_streams_runner.driver.lineage import (
     PipelineJobs,
     buffer_rdd,
@@ -70,10 +71,15 @@ from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summar
 from beam_streams_runner.driver.side_input_buffers import SideInputBuffers
 from beam_streams_runner.driver.source_positions import SourcePositions
 from beam_streams_runner.driver.stage_kinds import STAGE_KINDS, stage_builder
-from beam_streams_runner.errors import pipeline_error_from_spark, spark_failures_as_pipeline_errors
+from beam_streams_runner.errors import (
+    PipelineExecutionError,
+    pipeline_error_from_spark,
+    spark_failures_as_pipeline_errors,
+)
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
 from beam_streams_runner.options import CheckpointSettings
 from beam_streams_runner.records import MAX_WATERMARK, Punctuation
+from beam_streams_runner.regions import fault_points
 from beam_streams_runner.translators.read import Residual
 from beam_streams_runner.translators.test_stream import TestStreamEvents, TestStreamStep
 from beam_streams_runner.worker import epoch_tasks, shuffles
@@ -142,8 +148,16 @@ class StreamingDriver:
         self._jobs.cancel()
 
     def drain(self) -> None:
-        """Stops after the running epoch, with a last checkpoint of every region."""
+        """Stops after the running epoch, with a last checkpoint of every region, waited
+        for; the running epoch gets at most --drain_timeout_s (see `draining`)."""
         self._draining.set()
+        watch = getattr(self, '_watch', None)  # none yet: the first epoch sees the flag
+        if watch is not None:
+            watch.drain_requested()
+
+    def drained(self) -> bool:
+        """Whether the run stopped for a drain (False: it finished before it got there)."""
+        return getattr(self, '_drained', False)
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
@@ -160,15 +174,18 @@ class StreamingDriver:
 
     def _run_epochs(self, first: int) -> bool:
         """Runs epochs from `first` on; True once the pipeline finished, False when it was
-        cancelled or drained. A failed epoch resets the consistent regions (if on)."""
+        cancelled or drained. A failed epoch resets the consistent regions (if on), and
+        so does one the drain timeout cancelled (with regions off it fails the run)."""
         sources, checkpointing = self.sources, self.checkpointing
         clock = 0 if sources.test_streaming else Timestamp.now().micros
         next_wakeup: int | None = None
+        succeeded: int | None = None  # the last epoch that did, since the start or a reset
         for epoch in itertools.count(first):
             if self._jobs.cancelled.is_set():
                 return False
             if self._draining.is_set():
-                checkpointing.drain(epoch - 1)
+                end_drain(checkpointing, epoch - 1, cut=succeeded == epoch - 1)
+                self._drained = True
                 return False
             steps = sources.next_test_steps()
             if sources.test_streaming:
@@ -180,30 +197,42 @@ class StreamingDriver:
                     self._jobs.cancelled.wait(min(
                         _IDLE_WAIT_S, max(0.0, (next_wakeup - clock) / 1e6)))
                 clock = max(clock, Timestamp.now().micros)
-            checkpointing.before_epoch(epoch)
             try:
+                checkpointing.before_epoch(epoch)
                 reports = self._run_epoch(epoch, clock, steps)
+                fault_points.reached(fault_points.AFTER_EPOCH_DELTAS)
                 checkpointing.after_epoch(epoch, any(
                     r.checkpoint_requested for r in reports.values()))
             except Exception as exc:
+                timeout = self._epoch_watch().timeout_error(epoch)
                 if self._jobs.cancelled.is_set() or not checkpointing.enabled:
+                    if timeout is not None and not self._jobs.cancelled.is_set():
+                        raise timeout from None  # not Spark's cancellation: no CANCELLED
                     raise
-                checkpointing.reset(pipeline_error_from_spark(exc))
+                checkpointing.reset(timeout or pipeline_error_from_spark(exc))
+                sources.epoch_failed(checkpointing.region_stages)
                 next_wakeup = None
                 continue
             self.epochs += 1
+            succeeded = epoch
             if self._finished(reports, steps):
                 return True
-            next_wakeup = self._next_wakeup(reports, steps)
+            next_wakeup = self._next_wakeup(reports, steps, clock)
         return False
 
     def _next_wakeup(self, reports: dict[tuple[str, int], PartitionReport],
-                     steps: dict[str, TestStreamStep | None]) -> int | None:
-        """When something is due next: a processing-time timer or a residual."""
-        timers = [r.next_processing_time for r in reports.values()
-                  if r.next_processing_time is not None]
+                     steps: dict[str, TestStreamStep | None], clock: int) -> int | None:
+        """When something is due next: a processing-time timer, a residual, or the cut
+        that lets output waiting in a publish gate out."""
+        due = [r.next_processing_time for r in reports.values()
+               if r.next_processing_time is not None]
         resume = self.sources.next_due()
-        next_wakeup = min(timers + ([resume] if resume is not None else []), default=None)
+        if resume is not None:
+            due.append(resume)
+        to_cut = self.checkpointing.seconds_to_next_cut()
+        if to_cut is not None and any(r.unpublished for r in reports.values()):
+            due.append(clock + int(to_cut * 1e6))
+        next_wakeup = min(due, default=None)
         if next_wakeup is None and not any(steps.values()):
             stuck = sorted({stage for (stage, _), report in reports.items()
                             if report.output_watermark < MAX_WATERMARK})
@@ -212,6 +241,12 @@ class StreamingDriver:
                 '(no source residuals, timers or TestStream events left) but the '
                 f'watermarks of {stuck} are not at +inf.')
         return next_wakeup
+
+    def _epoch_watch(self) -> EpochWatch:
+        """The drain timeout's watch over this run's epochs, made on first use."""
+        if getattr(self, '_watch', None) is None:
+            self._watch = EpochWatch.of_run(self._jobs, self.checkpointing, self._draining)
+        return self._watch
 
     # One epoch -------------------------------------------------------------------
     def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None]
@@ -223,26 +258,28 @@ class StreamingDriver:
             number=epoch, processing_time=clock, holds=holds, store=checkpointing.store,
             store_id=checkpointing.store_id, state_prefix=checkpointing.state_prefix,
             bases=dict(self.revisions.bases), keep=self.revisions.keep(),
+            published_through=checkpointing.published_through(),
             bundle_time_ms=self.bundle_time_ms, read_budget_ms=self.read_budget_ms,
             keyed_state_gc=self.keyed_state_gc))
         started, started_at = time.monotonic(), time.time()
         job = EpochJob(epoch, epoch_bc, due, steps)
         stage_rdds = job.stage_rdds
         try:
-            for stage in self.plan.stages:
-                sc.setLocalProperty('callSite.short', stage.display_name[:200])
-                rdd = (None if stage.name in self.sources.finished
-                       else stage_builder(self, stage.kind, streaming=True)(stage, job))
-                # No RDD names per epoch: each costs a JVM round trip; the call
-                # site and the job description name the stages and the epoch.
-                if rdd is not None and self._uses[stage.name] > 1:
-                    rdd.persist(StorageLevel.MEMORY_AND_DISK)
-                stage_rdds[stage.name] = rdd
-            leaves = [stage_rdds[s.name] for s in self.plan.stages
-                      if self._uses[s.name] == 0 and stage_rdds[s.name] is not None]
-            sc.setJobDescription(self.progress.job_description(epoch))
-            if leaves:
-                (leaves[0] if len(leaves) == 1 else sc.union(leaves)).foreach(discard)
+            with self._epoch_watch().epoch(epoch):  # its own job group, the drain timeout
+                for stage in self.plan.stages:
+                    sc.setLocalProperty('callSite.short', stage.display_name[:200])
+                    rdd = (None if stage.name in self.sources.finished
+                           else stage_builder(self, stage.kind, streaming=True)(stage, job))
+                    # No RDD names per epoch: each costs a JVM round trip; the call
+                    # site and the job description name the stages and the epoch.
+                    if rdd is not None and self._uses[stage.name] > 1:
+                        rdd.persist(StorageLevel.MEMORY_AND_DISK)
+                    stage_rdds[stage.name] = rdd
+                leaves = [stage_rdds[s.name] for s in self.plan.stages
+                          if self._uses[s.name] == 0 and stage_rdds[s.name] is not None]
+                sc.setJobDescription(self.progress.job_description(epoch))
+                if leaves:
+                    (leaves[0] if len(leaves) == 1 else sc.union(leaves)).foreach(discard)
         finally:
             for rdd in stage_rdds.values():
                 if rdd is not None and rdd.is_cached:
@@ -252,6 +289,15 @@ class StreamingDriver:
                    for (number, stage, index), report in self.reports.value.items()
                    if number == epoch}
         self.reports.value = {}
+        if not reports and any(rdd is not None and STAGE_KINDS[s.kind].reports
+                               for s in self.plan.stages
+                               for rdd in (stage_rdds.get(s.name),)):
+            # Every task succeeded but no report reached the driver (an accumulator
+            # update Spark could not deliver): finishing on no reports would lose data.
+            raise PipelineExecutionError(
+                f'Epoch {epoch}: no partition report reached the driver although its '
+                'tasks succeeded (see the Spark log for "Failed to update accumulator"); '
+                'the driver and the workers may run different versions of the runner.')
         wall_s = time.monotonic() - started
         self._on_progress(summary(self.progress.add(
             epoch, started_at, wall_s, reports, self.read_budget_ms)))
@@ -343,8 +389,8 @@ class StreamingDriver:
                 coder_id, key_coder_id = spec.input_coder_id, spec.key_coder_id
             elif stage.stateful:
                 coder_id, key_coder_id = stage.input_coders[input_id], stage.key_coders[input_id]
-            elif stage.side_inputs:
-                # Pushed-back elements stay in their partition: fixed partitions.
+            elif stage.side_inputs or stage.publishes:
+                # Pushed-back or staged elements stay in their partition: fixed partitions.
                 inputs.append(self._buffer(buffer_id, stage_rdds).mapPartitionsWithIndex(
                     _dealt_fn(self.num_partitions, input_id)
                 ).partitionBy(self.num_partitions, identity).values())

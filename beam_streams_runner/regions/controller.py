@@ -27,12 +27,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from beam_streams_runner.errors import PipelineExecutionError
+from beam_streams_runner.errors import CheckpointStoreUnavailableError, PipelineExecutionError
+from beam_streams_runner.regions import fault_points
 from beam_streams_runner.regions.commit_records import CheckpointLedger, CommitRecord
 from beam_streams_runner.regions.hooks import RegionMember
 
 _LOGGER = logging.getLogger(__name__)
 RETAINED_CUTS = 2
+_STORE_RETRY_S = 0.5  # the first wait for an unavailable store during a reset
+_STORE_RETRY_MAX_S = 5.0
 
 
 class RegionResetError(PipelineExecutionError):
@@ -55,6 +58,7 @@ class ConsistentRegionController:
         self._writer = ThreadPoolExecutor(1, f'checkpoint-{name}') if non_blocking else None
         self._pending: tuple[CommitRecord, Future] | None = None
         self.sequence_id = 0  # the newest consistent cut (0: the initial state)
+        self.consistent_epoch = -1  # the epoch it was taken after (-1: none)
         self._next_sequence_id = 1
         self._retained: list[int] = []
         self._causes: list[str] = []
@@ -67,6 +71,7 @@ class ConsistentRegionController:
         self._reset_members(record)
         if record is not None:
             self.sequence_id = record.sequence_id
+            self.consistent_epoch = record.epoch
             self._next_sequence_id = record.sequence_id + 1
             self._retained = [record.sequence_id]
         self._last_cut = time.monotonic()
@@ -84,7 +89,9 @@ class ConsistentRegionController:
         return self.cut(epoch)
 
     def cut(self, epoch: int, wait: bool = False) -> int:
-        """Checkpoints every member after `epoch` under a new sequence id."""
+        """Checkpoints every member after `epoch` under a new sequence id (after the
+        previous cut's background write is consistent: cuts commit in order)."""
+        self._collect(wait=True)
         sequence_id = self._next_sequence_id
         self._next_sequence_id += 1
         self._last_cut = time.monotonic()
@@ -96,14 +103,25 @@ class ConsistentRegionController:
         record = CommitRecord(sequence_id, epoch, {
             member.name: member.checkpoint(sequence_id, self.stages)
             for member in self._members})
+        fault_points.reached(fault_points.BEFORE_COMMIT_RECORD)
         if self._writer is None:
             self._ledger.write(self.name, record)
             self._consistent(record)
         else:
-            self._pending = (record, self._writer.submit(self._ledger.write, self.name, record))
+            self._pending = (record, self._writer.submit(self._write_in_background, record))
             if wait:
                 self._collect(wait=True)
         return sequence_id
+
+    def seconds_to_next_cut(self) -> float:
+        """How long until a periodic cut is due (0: due now, or a write to finish)."""
+        if self._pending is not None:
+            return 0.0
+        return max(0.0, self._period_s - (time.monotonic() - self._last_cut))
+
+    def _write_in_background(self, record: CommitRecord) -> None:
+        fault_points.reached(fault_points.DURING_NON_BLOCKING_WRITE)
+        self._ledger.write(self.name, record)
 
     def _collect(self, wait: bool) -> None:
         """Declares the background write consistent once it finished; its failure is the
@@ -118,7 +136,9 @@ class ConsistentRegionController:
         self._consistent(record)
 
     def _consistent(self, record: CommitRecord) -> None:
+        fault_points.reached(fault_points.AFTER_COMMIT_RECORD)
         self.sequence_id = record.sequence_id
+        self.consistent_epoch = record.epoch
         self._causes.clear()
         for member in self._members:
             member.region_checkpointed(record.sequence_id, self.stages)
@@ -145,8 +165,9 @@ class ConsistentRegionController:
         self._causes.append(_describe(cause))
         if len(self._causes) > self._max_reset_attempts:
             raise RegionResetError(self._exhausted_message(cause)) from cause
-        record = self._ledger.latest(self.name)
+        record = self._latest_cut(started)
         self._reset_members(record)
+        self.consistent_epoch = -1 if record is None else record.epoch
         elapsed = time.monotonic() - started
         _LOGGER.warning(
             'Consistent region %r: reset %d of %d to checkpoint %d after: %s (%.1f s)',
@@ -157,8 +178,28 @@ class ConsistentRegionController:
                                 f'--reset_timeout_s={self._reset_timeout_s:g}')
         return record
 
+    def _latest_cut(self, started: float) -> CommitRecord | None:
+        """The newest consistent cut, read again while the store is unavailable (it may
+        be restarting) until `reset_timeout_s` has passed since `started`."""
+        delay = _STORE_RETRY_S
+        while True:
+            try:
+                return self._ledger.latest(self.name)
+            except CheckpointStoreUnavailableError as exc:
+                if time.monotonic() - started + delay > self._reset_timeout_s:
+                    self._causes.append(f'the store stayed unavailable for the reset, '
+                                        f'--reset_timeout_s={self._reset_timeout_s:g}: {exc}')
+                    raise RegionResetError(self._exhausted_message(exc)) from exc
+                _LOGGER.warning('Consistent region %r: the checkpoint store is unavailable '
+                                'for the reset (%s); trying again in %.1f s', self.name, exc,
+                                delay)
+                time.sleep(delay)
+                delay = min(delay * 2, _STORE_RETRY_MAX_S)
+
     def _reset_members(self, record: CommitRecord | None) -> None:
-        for member in self._members:
+        for index, member in enumerate(self._members):
+            if index:
+                fault_points.reached(fault_points.DURING_RESET)
             if record is None:
                 member.reset_to_initial_state(self.stages)
             else:

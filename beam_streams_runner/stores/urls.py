@@ -1,45 +1,50 @@
-"""Checkpoint store URLs made safe to show: passwords replaced by '***'.
+"""URLs made safe to show: passwords replaced by '***'.
 
-Design section 8, "Checkpoint stores": a Redis store's URL may carry its
-password (`redis://:password@host:port/db`, or `?password=` in the query, which
+Design section 8, "Checkpoint stores": a Redis URL may carry its password
+(`redis://[user]:password@host:port/db`, or `?password=` in the query, which
 redis-py also accepts). Every repr, error message and log line that names a
-store shows `redacted_url(url)` instead of the URL itself.
+store, a Redis sink or source, or a command-line flag holding such a URL shows
+`redacted_url(url)` instead of the URL itself; `options.SecretUrl` shows it for
+its str() and repr().
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 REDACTED = '***'
 
-# Query arguments that carry a secret (redis-py passes unknown ones on as keywords).
-_SECRET_QUERY = re.compile(r'((?:^|&)[^=&]*pass[^=&]*=)[^&]*', re.IGNORECASE)
+# A scheme, not a path: '/dir?password=x' is a directory name, 'unix:/s?password=x' a URL.
+_SCHEME = re.compile(r'(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:')
+# scheme:// then the user information: everything up to the LAST '@', since an unencoded
+# '@' (or '/', '?', '#') in a password must not leave part of it in sight.
+_USERINFO = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>.*)@', re.DOTALL)
+# A query argument carrying a secret (redis-py passes unknown ones on as keywords).
+_SECRET_QUERY = re.compile(r'(?P<name>[?&][^=&#?]*pass[^=&#]*=)(?P<value>[^&#]*)',
+                           re.IGNORECASE)
 
 
 def redacted_url(url: str) -> str:
-    """`url` with any password (in the user info or the query) replaced by '***'."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        # Not even parseable: show only its scheme, the rest may hold a password.
-        scheme = url.split(':', 1)[0] if ':' in url else ''
-        return f'{scheme}://{REDACTED}' if scheme else REDACTED
-    netloc = parts.netloc
-    userinfo, at, hostport = netloc.rpartition('@')
-    if at:
-        user, colon, _ = userinfo.partition(':')
-        # Without a ':' it is a user name to redis-py, but a password written there by
-        # mistake (`redis://secret@host`) must not show either: mask it too.
-        netloc = f'{user}:{REDACTED}@{hostport}' if colon else f'{REDACTED}@{hostport}'
-    query = _SECRET_QUERY.sub(lambda m: m.group(1) + REDACTED, parts.query)
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    if '://' not in url:
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    # By hand: urlunsplit drops the '//' of an empty host ('unix:///path').
-    return (f'{parts.scheme}://{netloc}{parts.path}' + (f'?{query}' if query else '') +
-            (f'#{parts.fragment}' if parts.fragment else ''))
+    """`url` with its password shown as '***' (the user name is kept): in the user
+    information, and in any query argument whose name holds 'pass'. `url` may also be a
+    text holding a URL, such as a command-line flag (`--checkpoint_store=redis://...`).
+
+    Errs on hiding: user information without ':' (which Redis may take as a password)
+    and a user name holding '/', '?' or '#' are hidden whole; a text that is not a URL
+    (a path, even with '?password=' in it) comes back as it is.
+    """
+    text = str.__str__(url)  # the real content, also of a SecretUrl
+    if not _SCHEME.search(text):
+        return text
+    text = _SECRET_QUERY.sub(lambda query: query.group('name') + REDACTED, text)
+    span = _userinfo_span(text)
+    if span is None:
+        return text
+    start, end = span
+    user, colon, _ = text[start:end].partition(':')
+    shown = f'{user}:{REDACTED}' if colon and not set(user) & set('/?#') else REDACTED
+    return text[:start] + shown + text[end:]
 
 
 def scrub(text: str, url: str) -> str:
@@ -49,16 +54,31 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+def _userinfo_span(text: str) -> tuple[int, int] | None:
+    """Where the user information of the URL in `text` is, if it has any."""
+    match = _USERINFO.search(text)
+    if match is None:
+        return None
+    if match.group('scheme').lower() == 'file://':
+        # A file URL's path may hold '@': only an '@' in the host part is user information.
+        authority = text[match.start('userinfo'):].split('/', 1)[0]
+        if '@' not in authority:
+            return None
+        match = _USERINFO.search(text, 0, match.start('userinfo') + len(authority))
+    return match.start('userinfo'), match.end('userinfo')
+
+
 def _secrets(url: str) -> list[str]:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    """The password of `url` as written and decoded, wherever `redacted_url` hides one."""
+    text = str.__str__(url)
+    if not _SCHEME.search(text):
         return []
-    found = []
-    userinfo, at, _ = parts.netloc.rpartition('@')
-    if at:
-        secret = userinfo.partition(':')[2] if ':' in userinfo else userinfo
-        found += [secret, unquote(secret)]
-    found += [value for name, value in parse_qsl(parts.query) if 'pass' in name.lower()]
+    found = [query.group('value') for query in _SECRET_QUERY.finditer(text)]
+    span = _userinfo_span(text)
+    if span is not None:
+        userinfo = text[span[0]:span[1]]
+        found += [userinfo, userinfo.partition(':')[2]]
+    found += [unquote(secret.replace('+', ' ')) for secret in found] + [
+        unquote(secret) for secret in found]
     # Longest first, so that a password containing another is masked whole.
     return sorted({s for s in found if s}, key=len, reverse=True)

@@ -35,6 +35,9 @@ class EpochInfo:
     state_prefix: str
     bases: dict[tuple[str, int], Revision]
     keep: dict[tuple[str, int], tuple[Revision, ...]]
+    # Publishing stage -> the epoch of its region's newest consistent cut (-1: none
+    # yet); a publishing stage absent publishes at once (see `translators/publish_gate`).
+    published_through: dict[str, int]
     bundle_time_ms: int
     read_budget_ms: int  # how long a source stage's task reads on (see `read.ReadInEpochs.read_on`)
     keyed_state_gc: bool = True
@@ -65,6 +68,7 @@ class PartitionReport(NamedTuple):
     # and whether its user code asked for a consistent cut (`regions.request_checkpoint`).
     revision: Revision | None = None
     checkpoint_requested: bool = False
+    unpublished: int = 0  # chunks a publish gate keeps for a consistent cut
 
 
 class ReportsAccumulator(AccumulatorParam):

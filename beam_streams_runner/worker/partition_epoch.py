@@ -34,12 +34,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pyspark import TaskContext
 
 from beam_streams_runner.errors import StageExecutionError
-from beam_streams_runner.records import Punctuation, Record
+from beam_streams_runner.records import MAX_WATERMARK, Punctuation, Record
+from beam_streams_runner.regions.publishing import fenced
 from beam_streams_runner.regions.requests import take_checkpoint_request
 from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend, never_pinned
 from beam_streams_runner.state.versioned_state import INITIAL_REVISION, Revision
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
+from beam_streams_runner.translators.publish_gate import PublishGate
 from beam_streams_runner.translators.read import ReadInEpochs
 from beam_streams_runner.translators.side_input_gate import SideInputGate
 from beam_streams_runner.translators.streaming_group_by_key import (
@@ -85,6 +87,7 @@ class PartitionEpoch:
         self.watermarks = PartitionWatermarks()
         self.grouping: StreamingGroupByKeyOperator | None = None
         self.gate: SideInputGate | None = None
+        self.publish_gate: PublishGate | None = None
         self.operator: FusedStageOperator | None = None
 
     @property
@@ -105,6 +108,10 @@ class PartitionEpoch:
         if self._side_view is not None:
             self.gate = SideInputGate(runtime, stage, self._load('gate'))
             side_inputs = self._side_view.state_bc.value
+        published_through = epoch.published_through.get(stage.name)
+        if published_through is not None:
+            self.publish_gate = PublishGate(runtime, stage, self._load('publish'),
+                                            epoch.number, published_through)
         self.operator = FusedStageOperator(runtime, stage, OperatorServices(
             bundle_size=plan.bundle_size,
             state=self._load('partition') if stage.stateful else None,
@@ -132,6 +139,8 @@ class PartitionEpoch:
         """Runs the epoch's records; hears the punctuations of the input channels."""
         if self.gate is not None:
             yield from self._each(self.gate.on_side_watermarks(self._side_view.watermarks))
+        if self.publish_gate is not None:
+            yield from self._published()
         for input_id, payload in records:
             if isinstance(payload, DueResiduals):
                 self._source.deal(payload.residuals)
@@ -139,9 +148,9 @@ class PartitionEpoch:
                 self.watermarks.hear(payload.channel, payload.watermark)
             elif self.grouping is not None:
                 grouped = self._grouping_step(self.grouping.process_bundle, [(input_id, payload)])
-                yield from self._each(self._admitted(grouped))
+                yield from self._run(grouped)
             else:
-                yield from self._each(self._admitted([(input_id, payload)]))
+                yield from self._run([(input_id, payload)])
 
     # 3. Read on ------------------------------------------------------------------------
     def read_on(self) -> Iterator[Record]:
@@ -162,7 +171,7 @@ class PartitionEpoch:
                          if self.operator.reads_source else watermarks.input())
         if self.grouping is not None:
             grouped = self._grouping_step(self.grouping.advance, watermarks.input(), now)
-            yield from self._each(self._admitted(grouped))
+            yield from self._run(grouped)
             watermarks.hold(holds.GROUPING, self.grouping.hold())
         yield from self.operator.advance(watermarks.held(holds.GROUPING), now)
         # Nothing the task holds may outlive its epoch (see `partial_combine`).
@@ -180,6 +189,10 @@ class PartitionEpoch:
         self._hold_residuals()
         if self.gate is not None:
             watermarks.hold(holds.SIDE_INPUT_GATE, self.gate.hold())
+        unpublished = 0
+        if self.publish_gate is not None:
+            watermarks.hold(holds.PUBLISH_GATE, self.publish_gate.hold())
+            unpublished = self.publish_gate.waiting()
         output = watermarks.output()
         for buffer_id in self._stage.outputs.values():
             yield buffer_id, Punctuation((self._stage.name, self._index), output)
@@ -188,7 +201,7 @@ class PartitionEpoch:
                               if self.grouping is not None else None) if t is not None]
         self._report = PartitionReport(
             output, self._source.residuals, min(timers) if timers else None, self._sizes(),
-            self._read_s, self._reading, self._element_counts)
+            self._read_s, self._reading, self._element_counts, unpublished=unpublished)
 
     def _sizes(self) -> dict[tuple[str, str], int]:
         """What the partition holds: the runner's gauges (see `metrics.RUNNER_NAMESPACE`)."""
@@ -224,7 +237,9 @@ class PartitionEpoch:
             for name, backend in self._backends.items())
         reports_acc.add({(epoch.number, *partition): self._report._replace(
             state_bytes=state_bytes, revision=revision,
-            checkpoint_requested=take_checkpoint_request())})
+            # Output staged after its input ended waits for a cut: ask for one now.
+            checkpoint_requested=take_checkpoint_request() or bool(
+                self._report.unpublished and self.watermarks.input() >= MAX_WATERMARK))})
 
     # Helpers ---------------------------------------------------------------------------
     def _grouping_step(self, method: Callable, *args) -> list[Record]:
@@ -233,6 +248,20 @@ class PartitionEpoch:
         except Exception as exc:  # noqa: BLE001 - rewrapped with the GroupByKey's step name
             raise StageExecutionError.from_exception(
                 exc, f"Beam step '{self._grouping_spec.step_name}'") from None
+
+    def _run(self, records: list[Record]) -> Iterator[Record]:
+        """Runs `records` through the operators, or stages them in the publish gate."""
+        if self.publish_gate is not None:
+            self.publish_gate.stage(records)
+            return iter(())
+        return self._each(self._admitted(records))
+
+    def _published(self) -> Iterator[Record]:
+        """Runs what a consistent cut now covers, each under the fence of its epoch."""
+        for fence, record in self.publish_gate.release():
+            with fenced(fence):
+                outputs = list(self._each(self._admitted([record])))
+            yield from outputs
 
     def _admitted(self, records: list[Record]) -> list[Record]:
         """The records whose elements may run now (all of them when no side input is read)."""

@@ -5,9 +5,9 @@ upstream partition of every input is a channel, and sends its watermark after
 the data it produced (a `Punctuation` in streaming; the end of a bounded input,
 +inf, in batch). Its output watermark is the input watermark held back by
 named holds: the keyed state of its operators (trigger holds, timers), the
-residuals of its sources, the driver's hold for the residuals it kept back, and
-the side-input gate's pushed-back elements. Operators are told their input
-watermark; only this class computes minima.
+residuals of its sources, the driver's hold for the residuals it kept back, the
+side-input gate's pushed-back elements and the publish gate's staged output.
+Operators are told their input watermark; only this class computes minima.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ TIMERS = 'timers'
 RESIDUALS = 'residuals'
 DRIVER = 'driver'
 SIDE_INPUT_GATE = 'side_input_gate'
+PUBLISH_GATE = 'publish_gate'
 
 
 class PartitionWatermarks:

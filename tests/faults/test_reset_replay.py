@@ -5,7 +5,8 @@ The pipeline counts elements per key of a bounded-in-time `PeriodicImpulse` (pas
 timestamps, read over several epochs) in the global window, so its output is
 written once, when the stream ends; a reset that lost state or replayed a source
 twice shows as a wrong count. The fault is an exception in a DoFn that passes after
-a reset (it fails once, at a given element, remembered in a marker file).
+a reset (it fails as many times as Spark runs a failing task, at a given element,
+remembered in marker files, so that the epoch fails once).
 """
 
 from __future__ import annotations
@@ -80,15 +81,19 @@ def expected() -> list[str]:
     return sorted(str((k, ELEMENTS // KEYS)) for k in range(KEYS))
 
 
-def test_a_transient_dofn_failure_resets_and_the_counts_are_exact(tmp_path):
-    assert run_counts(tmp_path, fail_at=2000) == expected()
-    assert os.path.exists(str(tmp_path / 'marker.0'))
+def test_a_transient_dofn_failure_resets_and_the_counts_are_exact(tmp_path, attempts):
+    """F2 in the global window: the DoFn fails through one whole epoch (every attempt
+    Spark makes of the task), the region resets, and the counts are exact."""
+    assert run_counts(tmp_path, fail_at=2000, fail_times=attempts) == expected()
+    assert os.path.exists(str(tmp_path / f'marker.{attempts - 1}'))
 
 
-def test_a_failure_that_keeps_coming_back_ends_with_the_region_error(tmp_path):
+def test_a_failure_that_keeps_coming_back_ends_with_the_region_error(tmp_path, attempts):
+    """F6: a DoFn that fails at every attempt ends the run after 2 resets with the
+    region error naming the 3 failed attempts and the last cause."""
     with pytest.raises(RegionResetError) as info:
         run_counts(tmp_path, '--max_consecutive_reset_attempts=2', fail_at=1500,
                    fail_times=100)
     message = str(info.value)
     assert "region 'default'" in message and 'attempt 3' in message
-    assert 'injected fault 3 at element 1500' in message
+    assert f'injected fault {3 * attempts} at element 1500' in message

@@ -290,14 +290,6 @@ def test_bad_urls(url):
     assert 'pw' not in str(raised.value)
 
 
-def test_redacted_url():
-    assert redacted_url('redis://:p%40ss@h:1/0') == 'redis://:***@h:1/0'
-    assert redacted_url('redis://u:pw@h:1/2') == 'redis://u:***@h:1/2'
-    assert redacted_url('redis://pw@h/0') == 'redis://***@h/0'
-    assert redacted_url('rediss://h:6380/1') == 'rediss://h:6380/1'
-    assert redacted_url('unix:///s.sock?db=1&password=pw') == 'unix:///s.sock?db=1&password=***'
-
-
 def test_pickled_store_reconnects_in_another_process(redis_store):
     redis_store.create_entry('e')
     redis_store.put('e', b'k', b'from the parent')
