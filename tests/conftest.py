@@ -339,3 +339,8 @@ def redis_store(redis_server):
     store = RedisStore(redis_server.url)
     yield store
     store.close()
+
+
+# The fault-injection tests' fixtures: a conftest.py of their own would take this
+# module's name `conftest`, which the other tests import from.
+from tests.faults.fixtures import attempts, fault_run, fault_spark, own_redis  # noqa: E402, F401

@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from tests.faults import harness
-from tests.faults.conftest import SINK_DB, STORE_DB, db_url
+from tests.faults.fixtures import SINK_DB, STORE_DB, db_url
 from tests.faults.harness import (
     PLAN_DEPENDS_ON_THE_PROCESS,
     WRITE_TO_TEXT_REPUBLISH,

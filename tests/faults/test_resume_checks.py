@@ -27,7 +27,7 @@ import pytest
 from beam_streams_runner.regions.commit_records import CheckpointStateError
 from beam_streams_runner.regions.controller import RegionResetError
 from tests.faults import harness
-from tests.faults.conftest import db_url
+from tests.faults.fixtures import db_url
 
 WIPE_DB = 4  # the session's redis-server: the store a test flushes
 

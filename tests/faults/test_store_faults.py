@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.faults.conftest import db_url
+from tests.faults.fixtures import db_url
 
 
 class StoreKiller(threading.Thread):

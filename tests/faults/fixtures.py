@@ -1,4 +1,6 @@
-"""Fixtures of the fault-injection tests (see `harness.py`).
+"""Fixtures of the fault-injection tests (see `harness.py`), made known to pytest by the
+tests' conftest.py (a conftest.py here would shadow that one's module name, which
+other tests import as `conftest`).
 
 * `fault_spark`: the SparkSession of the in-process runs, `local[2,4]` (a failed task
   runs up to 4 times, as on a cluster; plain `local[N]` never retries) unless the
