@@ -328,6 +328,17 @@ def redis_server():
 
 
 @pytest.fixture
+def redis_db(redis_server, request):
+    """(url, client) of database `DB` of `redis_server`, where `DB` is the test module's
+    own number (so modules do not flush each other's data), flushed before the test."""
+    db = request.module.DB
+    client = redis_server.client(db=db)
+    client.flushdb()
+    yield redis_server.url_of(db), client
+    client.close()
+
+
+@pytest.fixture
 def redis_store(redis_server):
     """A `RedisStore` on db 0 of `redis_server`, emptied (FLUSHDB) before the test."""
     from beam_streams_runner.stores.redis_store import RedisStore

@@ -103,8 +103,12 @@ class RedisServer:
     @property
     def url(self) -> str:
         """`redis://[:password@]127.0.0.1:port/0` (the password percent-encoded)."""
+        return self.url_of(0)
+
+    def url_of(self, db: int) -> str:
+        """The URL of database `db` of this server (as `url`, another database)."""
         auth = f':{quote(self.password, safe="")}@' if self.password else ''
-        return f'redis://{auth}127.0.0.1:{self.port}/0'
+        return f'redis://{auth}127.0.0.1:{self.port}/{db}'
 
     @property
     def redacted(self) -> str:

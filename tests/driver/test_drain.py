@@ -8,7 +8,6 @@ writes counts that are exact only if every element was counted once over both ru
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import re
@@ -21,15 +20,11 @@ import uuid
 
 import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
-from apache_beam.transforms import window
-from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
-from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner.driver.draining import EpochTimeoutError
+from tests.faults.counting import counts_pipeline, expected, output
 
-KEYS = 5
 FLAGS = ['--streaming', '--spark_master=local[2]', '--target_latency_ms=300',
          '--bundle_size=50']
 _CUT = re.compile(r"Consistent region 'default': checkpoint (\d+) after epoch (\d+) is "
@@ -61,40 +56,6 @@ class SleepOnce(beam.DoFn):
         yield element
 
 
-class WriteLines(beam.DoFn):
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def process(self, element):
-        with open(f'{self.prefix}-{uuid.uuid4().hex}', 'w') as f:
-            f.write(f'{element}\n')
-
-
-def counts_pipeline(tmp_path, flags, start: float, elements: int, interval: float,
-                    step: beam.DoFn) -> beam.Pipeline:
-    """Elements 0..elements-1, one every `interval` s from `start`, through `step`,
-    counted per key; the counts go to files tmp_path/out-*."""
-    p = beam.Pipeline(runner=StreamsSparkRunner(), options=PipelineOptions([*FLAGS, *flags]))
-    (p
-     | PeriodicImpulse(start, start + elements * interval, interval)
-     | beam.Map(lambda t, s=start, i=interval: round((float(t) - s) / i))
-     | beam.ParDo(step)
-     | beam.WindowInto(window.FixedWindows(4_000_000_000))  # fires when the stream ends
-     | beam.Map(lambda n: (n % KEYS, 1))
-     | beam.CombinePerKey(sum)
-     | beam.ParDo(WriteLines(str(tmp_path / 'out'))))
-    return p
-
-
-def output(tmp_path) -> list[str]:
-    return sorted(line for path in glob.glob(str(tmp_path / 'out-*'))
-                  for line in open(path).read().splitlines())
-
-
-def expected(elements: int) -> list[str]:
-    return sorted(str((k, elements // KEYS)) for k in range(KEYS))
-
-
 def wait_for(path, result=None, limit_s: float = 300) -> None:
     deadline = time.monotonic() + limit_s  # a hang guard, not a bound
     while not os.path.exists(path) and time.monotonic() < deadline:
@@ -120,7 +81,7 @@ def runner_logs(caplog):
 def test_drain_takes_a_last_checkpoint_and_the_job_resumes_exactly(tmp_path, runner_logs):
     elements, interval = 400, 0.05  # a 20 s stream, drained after about 2 s
     start = time.time()
-    flags = [f'--job_name=drain-{uuid.uuid4().hex[:8]}', '--checkpoint_period_s=1']
+    flags = [*FLAGS, f'--job_name=drain-{uuid.uuid4().hex[:8]}', '--checkpoint_period_s=1']
     marker = str(tmp_path / 'seen-40')
     first = counts_pipeline(tmp_path, flags, start, elements, interval,
                             Touch(marker, 40)).run()
@@ -145,8 +106,8 @@ def test_drain_takes_a_last_checkpoint_and_the_job_resumes_exactly(tmp_path, run
 @pytest.mark.timeout(600)
 def test_drain_with_consistent_regions_off_stops_and_warns(tmp_path, runner_logs):
     marker = str(tmp_path / 'seen-20')
-    result = counts_pipeline(tmp_path, ['--checkpoint_period_s=0'], time.time(), 100_000,
-                             0.05, Touch(marker, 20)).run()
+    result = counts_pipeline(tmp_path, [*FLAGS, '--checkpoint_period_s=0'], time.time(),
+                             100_000, 0.05, Touch(marker, 20)).run()
     wait_for(marker, result)
     assert result.drain() == PipelineState.DRAINED
     assert result.wait_until_finish() == PipelineState.DRAINED
@@ -265,8 +226,9 @@ def test_an_epoch_past_the_drain_timeout_resets_the_region_and_counts_stay_exact
     # Every epoch gets 2 s: a cold Spark session's first epochs may time out too, each
     # one more reset, hence more attempts than the default.
     p = counts_pipeline(
-        tmp_path, [f'--job_name=timeout-{uuid.uuid4().hex[:8]}', '--checkpoint_period_s=0.2',
-                   '--drain_timeout_s=2', '--max_consecutive_reset_attempts=20'],
+        tmp_path, [*FLAGS, f'--job_name=timeout-{uuid.uuid4().hex[:8]}',
+                   '--checkpoint_period_s=0.2', '--drain_timeout_s=2',
+                   '--max_consecutive_reset_attempts=20'],
         time.time() - 1000, elements, 0.01, SleepOnce(str(tmp_path / 'slept'), 1500, sleep_s))
     assert p.run().wait_until_finish() == PipelineState.DONE
     assert output(tmp_path) == expected(elements)
@@ -282,7 +244,7 @@ def test_an_epoch_past_the_drain_timeout_resets_the_region_and_counts_stay_exact
 @pytest.mark.timeout(600)
 def test_with_regions_off_a_drain_that_waits_past_the_timeout_fails_the_run(tmp_path):
     marker = str(tmp_path / 'slept')
-    result = counts_pipeline(tmp_path, ['--checkpoint_period_s=0', '--drain_timeout_s=2'],
+    result = counts_pipeline(tmp_path, [*FLAGS, '--checkpoint_period_s=0', '--drain_timeout_s=2'],
                              time.time(), 100_000, 0.05, SleepOnce(marker, 10, 60)).run()
     wait_for(marker, result)
     asked = time.monotonic()

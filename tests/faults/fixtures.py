@@ -46,8 +46,6 @@ def attempts(fault_spark) -> int:
     return harness.task_attempts(fault_spark)
 
 
-def db_url(server, db: int) -> str:
-    return server.url.rsplit('/', 1)[0] + f'/{db}'
 
 
 @dataclasses.dataclass
@@ -94,14 +92,14 @@ def fault_run(tmp_path, request, fault_spark):
         client = None
         if sink == 'redis':
             server = sink_server or request.getfixturevalue('redis_server')
-            out = db_url(server, SINK_DB)
+            out = server.url_of(SINK_DB)
             client = server.client(db=SINK_DB)
             clients.append(client)
         else:
             out = str(tmp_path / f'out-{run_id}' / 'out')
         if store_url is None:
             if store == 'redis':
-                store_url = db_url(request.getfixturevalue('redis_server'), STORE_DB)
+                store_url = request.getfixturevalue('redis_server').url_of(STORE_DB)
             else:
                 store_url = str(tmp_path / f'store-{run_id}')
         injected = None

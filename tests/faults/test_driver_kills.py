@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from tests.faults import harness
-from tests.faults.fixtures import SINK_DB, STORE_DB, db_url
+from tests.faults.fixtures import SINK_DB, STORE_DB
 from tests.faults.harness import (
     PLAN_DEPENDS_ON_THE_PROCESS,
     WRITE_TO_TEXT_REPUBLISH,
@@ -45,12 +45,12 @@ def driver_run(tmp_path, request):
         if sink == 'redis' or store == 'redis':
             server = request.getfixturevalue('redis_server')
         if sink == 'redis':
-            out = db_url(server, SINK_DB)
+            out = server.url_of(SINK_DB)
             client = server.client(db=SINK_DB)
             clients.append(client)
         else:
             out = str(tmp_path / 'out' / 'out')
-        store_url = db_url(server, STORE_DB) if store == 'redis' else str(tmp_path / 'store')
+        store_url = server.url_of(STORE_DB) if store == 'redis' else str(tmp_path / 'store')
         injected = None
         if fault is not None:
             kind, where, at, times = fault

@@ -18,15 +18,11 @@ import uuid
 
 import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms import window
-from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
-from beam_streams_runner import StreamsSparkRunner
 from beam_streams_runner.regions.controller import RegionResetError
+from tests.faults.counting import counts_pipeline, expected, output
 
 ELEMENTS = 3000
-KEYS = 5
 
 
 class FailOnce(beam.DoFn):
@@ -44,47 +40,20 @@ class FailOnce(beam.DoFn):
         yield element
 
 
-class WriteLines(beam.DoFn):
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def process(self, element):
-        with open(f'{self.prefix}-{uuid.uuid4().hex}', 'w') as f:
-            f.write(f'{element}\n')
-
-
 def run_counts(tmp_path, *flags: str, fail_at: int | None = None, fail_times: int = 1):
-    out = str(tmp_path / 'out')
-    start = time.time() - 1000
-    options = PipelineOptions([
+    step = (FailOnce(str(tmp_path / 'marker'), fail_at, fail_times)
+            if fail_at is not None else None)
+    counts_pipeline(tmp_path, [
         '--streaming', '--spark_master=local[2]', f'--job_name=faults-{uuid.uuid4().hex[:8]}',
-        '--checkpoint_period_s=0.2', '--target_latency_ms=300', '--bundle_size=50', *flags])
-    p = beam.Pipeline(runner=StreamsSparkRunner(), options=options)
-    numbers = (p
-               | PeriodicImpulse(start, start + ELEMENTS * 0.01, 0.01)
-               | beam.Map(lambda t: round((float(t) - start) * 100)))
-    if fail_at is not None:
-        numbers = numbers | beam.ParDo(FailOnce(str(tmp_path / 'marker'), fail_at,
-                                                fail_times))
-    (numbers
-     # One window over all the elements: it fires once, when the stream ends.
-     | beam.WindowInto(window.FixedWindows(4_000_000_000))
-     | beam.Map(lambda n: (n % KEYS, 1))
-     | beam.CombinePerKey(sum)
-     | beam.ParDo(WriteLines(out)))
-    p.run().wait_until_finish()
-    lines = [line for path in glob.glob(out + '-*') for line in open(path).read().splitlines()]
-    return sorted(lines)
-
-
-def expected() -> list[str]:
-    return sorted(str((k, ELEMENTS // KEYS)) for k in range(KEYS))
+        '--checkpoint_period_s=0.2', '--target_latency_ms=300', '--bundle_size=50', *flags],
+        time.time() - 1000, ELEMENTS, 0.01, step).run().wait_until_finish()
+    return output(tmp_path)
 
 
 def test_a_transient_dofn_failure_resets_and_the_counts_are_exact(tmp_path, attempts):
     """F2 in the global window: the DoFn fails through one whole epoch (every attempt
     Spark makes of the task), the region resets, and the counts are exact."""
-    assert run_counts(tmp_path, fail_at=2000, fail_times=attempts) == expected()
+    assert run_counts(tmp_path, fail_at=2000, fail_times=attempts) == expected(ELEMENTS)
     assert os.path.exists(str(tmp_path / f'marker.{attempts - 1}'))
 
 

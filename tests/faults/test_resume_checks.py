@@ -27,7 +27,6 @@ import pytest
 from beam_streams_runner.regions.commit_records import CheckpointStateError
 from beam_streams_runner.regions.controller import RegionResetError
 from tests.faults import harness
-from tests.faults.fixtures import db_url
 
 WIPE_DB = 4  # the session's redis-server: the store a test flushes
 
@@ -75,7 +74,7 @@ def test_a_wiped_store_is_detected_after_a_failed_run(store, fault_run, attempts
     """F9: a run fails (F6) after some cuts; its checkpoint store is then wiped (the
     directory deleted, or FLUSHDB). The same job started again fails at once with the
     `CheckpointStateError` that says the store was wiped, and publishes nothing."""
-    store_url = db_url(redis_server, WIPE_DB) if store == 'redis' else None
+    store_url = redis_server.url_of(WIPE_DB) if store == 'redis' else None
     run, _ = failing_run(fault_run, 'combine', 'files', store, 'blocking', attempts,
                          store_url=store_url)
     before = run.output()

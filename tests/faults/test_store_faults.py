@@ -17,8 +17,6 @@ import time
 
 import pytest
 
-from tests.faults.fixtures import db_url
-
 
 class StoreKiller(threading.Thread):
     """Kills `server` once job `job` committed a cut, restarts it `down_s` later."""
@@ -67,7 +65,7 @@ def test_the_redis_store_sigkilled_and_restarted_mid_run(pipeline, sink, mode, d
     the `redis` sink the same server also receives the published output. The run goes
     on (resetting while the store is away) and its output equals the golden output."""
     caplog.set_level('WARNING', logger='beam_streams_runner.regions.controller')
-    run = fault_run(pipeline, sink, 'redis', mode, store_url=db_url(own_redis, 0),
+    run = fault_run(pipeline, sink, 'redis', mode, store_url=own_redis.url_of(0),
                     sink_server=own_redis)
     killer = StoreKiller(own_redis, run.job, down_s)
     killer.start()

@@ -26,15 +26,6 @@ FENCES = 'bsr:fence:' + SINK
 PASSWORD = 's3cret-Pw'  # a test password: the point is that it never shows
 
 
-@pytest.fixture
-def db(redis_server) -> tuple[str, redis.Redis]:
-    """(url, client) of database DB of the session's server, flushed before the test."""
-    client = redis_server.client(db=DB)
-    client.flushdb()
-    yield redis_server.url.rsplit('/', 1)[0] + f'/{DB}', client
-    client.close()
-
-
 def write(url: str, elements, fence: int | None, key_prefix: str = '') -> None:
     """Runs the sink's DoFn over `elements` in one bundle, under `fence` (None: plain)."""
     fn = WriteToRedis(url, key_prefix=key_prefix, sink_name=SINK)._fn
@@ -55,12 +46,12 @@ def write(url: str, elements, fence: int | None, key_prefix: str = '') -> None:
 
 
 # The fenced write --------------------------------------------------------------------------
-def test_the_sink_publishes_after_the_checkpoint(db):
-    assert is_publishing(WriteToRedis(db[0])._fn)
+def test_the_sink_publishes_after_the_checkpoint(redis_db):
+    assert is_publishing(WriteToRedis(redis_db[0])._fn)
 
 
-def test_fenced_set_newer_applies_equal_reapplies_older_is_ignored(db):
-    url, client = db
+def test_fenced_set_newer_applies_equal_reapplies_older_is_ignored(redis_db):
+    url, client = redis_db
     write(url, [('k', 'v5')], fence=5)
     assert client.get('k') == b'v5'
     write(url, [('k', b'v7')], fence=7)  # newer
@@ -72,8 +63,8 @@ def test_fenced_set_newer_applies_equal_reapplies_older_is_ignored(db):
     assert client.hgetall(FENCES) == {b'k': b'7'}
 
 
-def test_fenced_hset_merges_fields_and_ignores_older_fences(db):
-    url, client = db
+def test_fenced_hset_merges_fields_and_ignores_older_fences(redis_db):
+    url, client = redis_db
     write(url, [('h', {'a': '1', 'b': b'2'})], fence=3, key_prefix='p:')
     write(url, [('h', {'b': '3', 'c': '4'})], fence=4, key_prefix='p:')
     write(url, [('h', {'a': 'old', 'd': 'old'})], fence=2, key_prefix='p:')
@@ -83,8 +74,8 @@ def test_fenced_hset_merges_fields_and_ignores_older_fences(db):
     assert client.hgetall(FENCES) == {b'p:h': b'4'}
 
 
-def test_fences_are_per_key_and_the_last_equal_write_wins(db):
-    url, client = db
+def test_fences_are_per_key_and_the_last_equal_write_wins(redis_db):
+    url, client = redis_db
     write(url, [('a', '1'), ('b', '1'), ('a', '2')], fence=10)
     write(url, [('b', '0')], fence=9)
     write(url, [('c', '0')], fence=1)  # a new key: no fence stored yet
@@ -92,16 +83,16 @@ def test_fences_are_per_key_and_the_last_equal_write_wins(db):
     assert client.hgetall(FENCES) == {b'a': b'10', b'b': b'10', b'c': b'1'}
 
 
-def test_without_a_fence_writes_are_plain(db):
-    url, client = db
+def test_without_a_fence_writes_are_plain(redis_db):
+    url, client = redis_db
     write(url, [('s', 'x'), ('h', {'f': 'y'})], fence=None, key_prefix='plain:')
     assert client.get('plain:s') == b'x'
     assert client.hgetall('plain:h') == {b'f': b'y'}
     assert not client.exists(FENCES)
 
 
-def test_a_bundle_larger_than_a_flush_is_written_whole(db):
-    url, client = db
+def test_a_bundle_larger_than_a_flush_is_written_whole(redis_db):
+    url, client = redis_db
     count = FLUSH_AT * 2 + 7
     write(url, [(f'k{i}', str(i)) for i in range(count)], fence=1)
     assert client.dbsize() == count + 1  # and the fence hash
@@ -111,9 +102,9 @@ def test_a_bundle_larger_than_a_flush_is_written_whole(db):
 
 @pytest.mark.parametrize('element', [('k',), 'kv', (1, 'v'), ('k', None), ('k', {}),
                                      ('k', {'f': None})])
-def test_bad_elements_say_what_the_sink_takes(db, element):
+def test_bad_elements_say_what_the_sink_takes(redis_db, element):
     with pytest.raises((TypeError, ValueError), match='WriteToRedis'):
-        write(db[0], [element], fence=None)
+        write(redis_db[0], [element], fence=None)
 
 
 def test_the_default_sink_name_is_the_db_and_the_prefix():
@@ -144,21 +135,21 @@ def assert_written(client: redis.Redis, prefix: str) -> None:
     assert len(client.keys(prefix + '*')) == len(ELEMENTS)
 
 
-def test_direct_runner_batch(db):
-    url, client = db
+def test_direct_runner_batch(redis_db):
+    url, client = redis_db
     run_sink(url, 'DirectRunner', [], 'direct:')
     assert_written(client, 'direct:')
 
 
-def test_streams_spark_runner_batch(db, spark_session):
-    url, client = db
+def test_streams_spark_runner_batch(redis_db, spark_session):
+    url, client = redis_db
     run_sink(url, StreamsSparkRunner(), list(SPARK_ARGS), 'batch:')
     assert_written(client, 'batch:')
 
 
 @pytest.mark.parametrize('regions', ['on', 'off'])
-def test_streams_spark_runner_streaming(db, spark_session, regions):
-    url, client = db
+def test_streams_spark_runner_streaming(redis_db, spark_session, regions):
+    url, client = redis_db
     args = [*SPARK_ARGS, '--streaming'] + (['--checkpoint_period_s=0'] if regions == 'off' else [])
     run_sink(url, StreamsSparkRunner(), args, 'streaming:')
     assert_written(client, 'streaming:')
@@ -178,7 +169,7 @@ def _unused_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_unreachable_server_is_named_redacted(db):
+def test_an_unreachable_server_is_named_redacted(redis_db):
     url = f'redis://:{PASSWORD}@127.0.0.1:{_unused_port()}/0'
     fn = WriteToRedis(url)._fn
     with pytest.raises(RedisIOError) as raised:

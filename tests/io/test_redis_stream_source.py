@@ -33,14 +33,6 @@ STREAM = 'events'
 OUT = 'out'  # the list `Record` appends to, in the order elements come out
 
 
-@pytest.fixture
-def db(redis_server) -> tuple[str, redis.Redis]:
-    client = redis_server.client(db=DB)
-    client.flushdb()
-    yield redis_server.url.rsplit('/', 1)[0] + f'/{DB}', client
-    client.close()
-
-
 def add(client: redis.Redis, first: int, count: int) -> list[str]:
     """XADDs entries `<first + i>-0` with field n = i + first; returns their ids."""
     ids = [f'{first + i}-0' for i in range(count)]
@@ -118,29 +110,29 @@ def read(fn, restriction: StreamRange, split_after: int | None = None):
 
 
 @pytest.fixture
-def fn(db):
-    read_fn = _ReadStreamFn(db[0], STREAM, poll_interval_s=0.1, batch_size=3)
+def fn(redis_db):
+    read_fn = _ReadStreamFn(redis_db[0], STREAM, poll_interval_s=0.1, batch_size=3)
     read_fn.setup()
     yield read_fn
     read_fn.teardown()
 
 
-def test_the_dofn_defers_what_it_has_not_read_yet(db, fn):
-    add(db[1], 1000, 5)
+def test_the_dofn_defers_what_it_has_not_read_yet(redis_db, fn):
+    add(redis_db[1], 1000, 5)
     outputs, watermark, residual, primary = read(fn, StreamRange((0, 0), None))
     assert outputs == [(f'{1000 + i}-0', Timestamp(micros=(1000 + i) * 1000))
                        for i in range(5)]
     assert watermark == Timestamp(micros=1_004_000)  # the last id's milliseconds
     assert primary == StreamRange((0, 0), (1004, 0))
     assert residual == StreamRange((1004, 0), None)
-    add(db[1], 1005, 2)
+    add(redis_db[1], 1005, 2)
     outputs, watermark, residual, _ = read(fn, residual)  # the replay of a cut
     assert [o[0] for o in outputs] == ['1005-0', '1006-0']
     assert residual == StreamRange((1006, 0), None)
 
 
-def test_a_runner_split_mid_read_leaves_the_rest_to_the_residual(db, fn):
-    add(db[1], 1000, 6)
+def test_a_runner_split_mid_read_leaves_the_rest_to_the_residual(redis_db, fn):
+    add(redis_db[1], 1000, 6)
     outputs, _, residual, primary = read(fn, StreamRange((0, 0), (1005, 0)), split_after=2)
     assert [o[0] for o in outputs] == ['1000-0', '1001-0']
     assert primary == StreamRange((0, 0), (1001, 0))
@@ -150,13 +142,13 @@ def test_a_runner_split_mid_read_leaves_the_rest_to_the_residual(db, fn):
     assert left is None and watermark == Timestamp(micros=1_005_000)
 
 
-def test_a_bounded_read_ends_when_the_stream_passes_the_stop(db, fn):
-    add(db[1], 1000, 2)
+def test_a_bounded_read_ends_when_the_stream_passes_the_stop(redis_db, fn):
+    add(redis_db[1], 1000, 2)
     outputs, _, residual, _ = read(fn, StreamRange((0, 0), (1010, 0)))
     assert len(outputs) == 2 and residual == StreamRange((1001, 0), (1010, 0))  # waits
     # An id past the stop, deleted again: no entry <= the stop can come any more.
-    db[1].xadd(STREAM, {'n': 'x'}, id='1012-0')
-    db[1].xdel(STREAM, '1012-0')
+    redis_db[1].xadd(STREAM, {'n': 'x'}, id='1012-0')
+    redis_db[1].xdel(STREAM, '1012-0')
     outputs, watermark, left, _ = read(fn, residual)
     assert outputs == [] and left is None
     assert watermark == Timestamp(micros=1_010_000)  # done: the watermark at the stop
@@ -220,8 +212,8 @@ RUNNERS = {
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize('runner', list(RUNNERS))
-def test_entries_added_before_the_run_come_out_once_in_order(db, request, runner):
-    url, client = db
+def test_entries_added_before_the_run_come_out_once_in_order(redis_db, request, runner):
+    url, client = redis_db
     if runner != 'direct':
         request.getfixturevalue('spark_session')
     ids = add(client, 1000, 11)
@@ -232,8 +224,8 @@ def test_entries_added_before_the_run_come_out_once_in_order(db, request, runner
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize('runner', list(RUNNERS))
-def test_entries_added_while_the_pipeline_runs(db, request, runner):
-    url, client = db
+def test_entries_added_while_the_pipeline_runs(redis_db, request, runner):
+    url, client = redis_db
     if runner != 'direct':
         request.getfixturevalue('spark_session')
     first = add(client, 1000, 3)
