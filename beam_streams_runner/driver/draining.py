@@ -59,15 +59,11 @@ class EpochWatch:
     """Cancels the running epoch's Spark jobs once it is past its deadline (see above)."""
 
     @classmethod
-    def of_run(cls, jobs: PipelineJobs, checkpointing: Checkpointing,
-               draining: threading.Event) -> EpochWatch:
-        """The watch of a streaming run, told of a drain requested before it existed."""
+    def of_run(cls, jobs: PipelineJobs, checkpointing: Checkpointing) -> EpochWatch:
+        """The watch of a streaming run: every epoch when its regions are on."""
         settings = checkpointing.settings
-        watch = cls(jobs, settings.drain_timeout_s if settings else DEFAULT_DRAIN_TIMEOUT_S,
-                    every_epoch=checkpointing.enabled)
-        if draining.is_set():
-            watch.drain_requested()
-        return watch
+        return cls(jobs, settings.drain_timeout_s if settings else DEFAULT_DRAIN_TIMEOUT_S,
+                   every_epoch=checkpointing.enabled)
 
     def __init__(self, jobs: PipelineJobs, timeout_s: float, every_epoch: bool) -> None:
         self._jobs = jobs

@@ -143,6 +143,8 @@ class StreamingDriver:
         self.revisions = PartitionRevisions()
         self.checkpointing = Checkpointing(checkpoint, plan, self.num_partitions, self.run_id)
         self._draining = threading.Event()
+        self._watch = EpochWatch.of_run(self._jobs, self.checkpointing)
+        self._drained = False  # the run stopped for a drain
 
     def cancel(self) -> None:
         self._jobs.cancel()
@@ -151,13 +153,11 @@ class StreamingDriver:
         """Stops after the running epoch, with a last checkpoint of every region, waited
         for; the running epoch gets at most --drain_timeout_s (see `draining`)."""
         self._draining.set()
-        watch = getattr(self, '_watch', None)  # none yet: the first epoch sees the flag
-        if watch is not None:
-            watch.drain_requested()
+        self._watch.drain_requested()
 
     def drained(self) -> bool:
         """Whether the run stopped for a drain (False: it finished before it got there)."""
-        return getattr(self, '_drained', False)
+        return self._drained
 
     @spark_failures_as_pipeline_errors()
     def run(self) -> None:
@@ -204,7 +204,7 @@ class StreamingDriver:
                 checkpointing.after_epoch(epoch, any(
                     r.checkpoint_requested for r in reports.values()))
             except Exception as exc:
-                timeout = self._epoch_watch().timeout_error(epoch)
+                timeout = self._watch.timeout_error(epoch)
                 if self._jobs.cancelled.is_set() or not checkpointing.enabled:
                     if timeout is not None and not self._jobs.cancelled.is_set():
                         raise timeout from None  # not Spark's cancellation: no CANCELLED
@@ -242,12 +242,6 @@ class StreamingDriver:
                 f'watermarks of {stuck} are not at +inf.')
         return next_wakeup
 
-    def _epoch_watch(self) -> EpochWatch:
-        """The drain timeout's watch over this run's epochs, made on first use."""
-        if getattr(self, '_watch', None) is None:
-            self._watch = EpochWatch.of_run(self._jobs, self.checkpointing, self._draining)
-        return self._watch
-
     # One epoch -------------------------------------------------------------------
     def _run_epoch(self, epoch: int, clock: int, steps: dict[str, TestStreamStep | None]
                    ) -> dict[tuple[str, int], PartitionReport]:
@@ -265,7 +259,7 @@ class StreamingDriver:
         job = EpochJob(epoch, epoch_bc, due, steps)
         stage_rdds = job.stage_rdds
         try:
-            with self._epoch_watch().epoch(epoch):  # its own job group, the drain timeout
+            with self._watch.epoch(epoch):  # its own job group, the drain timeout
                 for stage in self.plan.stages:
                     sc.setLocalProperty('callSite.short', stage.display_name[:200])
                     rdd = (None if stage.name in self.sources.finished
