@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.pipeline import Pipeline
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.pipeline_utils import (
     group_by_key_input_visitor,
     merge_common_environments,
@@ -30,7 +31,12 @@ from apache_beam.transforms import environments
 
 from beam_streams_runner.driver.batch import BatchDriver
 from beam_streams_runner.driver.construction_checks import check_applied
-from beam_streams_runner.driver.plan import build_plan, check_deterministic_keys, needs_streaming
+from beam_streams_runner.driver.plan import (
+    PipelinePlan,
+    build_plan,
+    check_deterministic_keys,
+    needs_streaming,
+)
 from beam_streams_runner.driver.progress import find_endpoints
 from beam_streams_runner.driver.spark_session import get_or_create_spark
 from beam_streams_runner.driver.streaming import StreamingDriver
@@ -40,6 +46,7 @@ from beam_streams_runner.options import (
     spark_parallelism,
     validate_streams_spark_options,
 )
+from beam_streams_runner.regions.file_sinks import REPUBLISH_SAFE_FILE_SINKS
 from beam_streams_runner.regions.publishing import publishing_steps
 from beam_streams_runner.result import StreamsSparkPipelineResult
 
@@ -63,27 +70,7 @@ class StreamsSparkRunner(PipelineRunner):
     ) -> StreamsSparkPipelineResult:
         spark_options = validate_streams_spark_options(options)
         RuntimeValueProvider.set_runtime_options({})
-        debug = options.view_as(DebugOptions)
-        experiments = debug.experiments or []
-        if 'beam_fn_api' not in experiments:
-            experiments.append('beam_fn_api')
-        debug.experiments = experiments
-        pipeline.visit(group_by_key_input_visitor(
-            not options.view_as(TypeOptions).allow_non_deterministic_key_coders))
-        try:
-            proto = pipeline.to_runner_api(
-                default_environment=environments.EmbeddedPythonEnvironment.default())
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            if 'pickle' not in str(exc).lower():
-                raise
-            raise UnpicklableUserCodeError(
-                f'The pipeline holds user code that cannot be serialized for Spark workers: '
-                f'{exc}. Keep DoFns free of open files, locks, sockets and clients: create '
-                'them in DoFn.setup() instead of __init__.') from exc
-        proto = merge_common_environments(merge_superset_dep_environments(proto))
-        streaming = needs_streaming(proto, options.view_as(StandardOptions).streaming)
-        plan = build_plan(proto, is_drain=self._is_drain, streaming=streaming,
-                          publishing=publishing_steps(pipeline))
+        proto, plan, streaming = plan_pipeline(pipeline, options, is_drain=self._is_drain)
         try:
             check_deterministic_keys(proto, plan.execution_context.pipeline_context)
             spark = get_or_create_spark(spark_options, app_name='beam-streams-runner')
@@ -121,6 +108,35 @@ class StreamsSparkRunner(PipelineRunner):
             drain=drain,
             drained=drained,
         ).start()
+
+
+def plan_pipeline(pipeline: Pipeline, options: PipelineOptions, is_drain: bool = False
+                  ) -> tuple[beam_runner_api_pb2.Pipeline, PipelinePlan, bool]:
+    """The pipeline's proto and plan of fused stages, and whether the streaming driver
+    runs it: what every driver process makes of the same pipeline."""
+    debug = options.view_as(DebugOptions)
+    experiments = debug.experiments or []
+    if 'beam_fn_api' not in experiments:
+        experiments.append('beam_fn_api')
+    debug.experiments = experiments
+    pipeline.visit(group_by_key_input_visitor(
+        not options.view_as(TypeOptions).allow_non_deterministic_key_coders))
+    pipeline.replace_all(REPUBLISH_SAFE_FILE_SINKS)
+    try:
+        proto = pipeline.to_runner_api(
+            default_environment=environments.EmbeddedPythonEnvironment.default())
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if 'pickle' not in str(exc).lower():
+            raise
+        raise UnpicklableUserCodeError(
+            f'The pipeline holds user code that cannot be serialized for Spark workers: '
+            f'{exc}. Keep DoFns free of open files, locks, sockets and clients: create '
+            'them in DoFn.setup() instead of __init__.') from exc
+    proto = merge_common_environments(merge_superset_dep_environments(proto))
+    streaming = needs_streaming(proto, options.view_as(StandardOptions).streaming)
+    plan = build_plan(proto, is_drain=is_drain, streaming=streaming,
+                      publishing=publishing_steps(pipeline))
+    return proto, plan, streaming
 
 
 def _log_progress(message: str) -> None:

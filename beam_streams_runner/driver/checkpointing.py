@@ -106,7 +106,7 @@ class Checkpointing:
         ledger = self._ledger = CheckpointLedger(self.store, self.job_name, label)
         self.state_prefix = ledger.state_prefix
         resumed = ledger.open(PipelineGraph(
-            tuple((s.name, s.kind, tuple(s.step_names)) for s in self._plan.stages),
+            tuple((s.name, s.kind, tuple(sorted(s.step_names))) for s in self._plan.stages),
             self._partitions), settings.restart_from_scratch)
         self.controllers = [ConsistentRegionController(
             name, stages, ledger, members, settings.period_s,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable
 
 from apache_beam.portability import common_urns
@@ -286,6 +287,18 @@ def build_plan(
         worker_handler_manager=manager)
 
 
+def stable_stage_name(transforms: Iterable[beam_runner_api_pb2.PTransform]) -> str:
+    """The stage's name: the same in every driver process that plans the pipeline.
+
+    Beam's fused stage names, and the order of stages that do not depend on each
+    other, follow the order in which its greedy fusion merged them, which depends on
+    the process's string hashes and object addresses. A restarted driver finds a
+    stage's keyed state, revisions and source positions, and compares the stored
+    graph, by this name: a digest of the ids of the transforms fused into it."""
+    ids = sorted(t.unique_name for t in transforms)
+    return 'stage-' + hashlib.sha256('\n'.join(ids).encode()).hexdigest()[:16]
+
+
 def _user_step_names(transforms: Iterable[beam_runner_api_pb2.PTransform]) -> list[str]:
     hidden = {bundle_processor.DATA_INPUT_URN, bundle_processor.DATA_OUTPUT_URN}
     return [t.unique_name for t in transforms
@@ -357,7 +370,7 @@ def _stage_plan(
         descriptor = manager.process_bundle_descriptor.SerializeToString()
         kind = 'sdk'
     return StagePlan(
-        name=stage.name,
+        name=stable_stage_name(stage.transforms),
         index=index,
         kind=kind,
         step_names=_user_step_names(stage.transforms),

@@ -132,7 +132,7 @@ class PartitionEpoch:
         return backend
 
     def _entry(self, part: str) -> str:
-        return f'{self._epoch.state_prefix}stage-{self._stage.index}/{part}-{self._index}'
+        return f'{self._epoch.state_prefix}{self._stage.name}/{part}-{self._index}'
 
     # 2. Feed ---------------------------------------------------------------------------
     def feed(self, records: Iterable[tuple[str, object]]) -> Iterator[Record]:

@@ -41,9 +41,6 @@ The module is also a program: `python harness.py SPEC_FILE [runner flags...]` ru
 one spec (the driver-kill tests run it as a subprocess, twice; `run_subprocess`).
 Test modules are not importable in Spark's Python workers: this module ships its
 code to them by value.
-
-Two runner bugs found by these tests are described in WRITE_TO_TEXT_REPUBLISH and
-PLAN_DEPENDS_ON_THE_PROCESS (the reasons of the strict xfails that reproduce them).
 """
 
 from __future__ import annotations
@@ -54,9 +51,7 @@ import json
 import logging
 import math
 import os
-import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -85,26 +80,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-# Runner bugs these tests found (the reasons of their strict xfails) ---------------------------
-WRITE_TO_TEXT_REPUBLISH = (
-    'Runner bug: WriteToText (streaming) publishes a window again after a failure that '
-    'followed its publish (task retry, region reset, or a driver restart before the next '
-    'cut), and its publish is not idempotent: PreFinalize deletes the published file, then '
-    'FinalizeWrite finds neither the temporary nor the final file (BeamIOError "src and dst '
-    'files do not exist"), every reset fails the same way until RegionResetError, and the '
-    'window\'s output is lost.')
-PLAN_DEPENDS_ON_THE_PROCESS = (
-    'Runner bug: the plan (fused stage names and their order, from Beam\'s greedy fusion) '
-    'differs between two driver processes running the same pipeline (it depends on the '
-    'process\'s string hashes and object addresses), while partition revisions are keyed '
-    'by stage name and the stored graph compares stage order: a restarted driver either '
-    'refuses its own job ("the stages are in another order") or resumes a renamed stage '
-    'from its initial state (its keyed state lost: wrong counts).')
-
-
 class SecondRunFailed(AssertionError):
-    """The run started again after a driver kill failed (what the strict xfails of the
-    known bugs expect, and nothing else)."""
+    """The run started again after a driver kill failed."""
 
 
 # The definition of a run --------------------------------------------------------------------
@@ -361,31 +338,19 @@ def run_in_process(spec: Spec, flags: Sequence[str]) -> None:
 
 
 def run_subprocess(spec_file: str, flags: Sequence[str], kill_at: str | None = None,
-                   hash_seed: str = '0', timeout: float = 300) -> subprocess.CompletedProcess:
+                   timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs the spec in `spec_file` as a program of its own, whose driver a fault may
     kill (see `main`); with `kill_at`, `BEAM_STREAMS_RUNNER_KILL_AT=kill_at` in its
-    environment (never inherited otherwise).
-
-    The driver runs with PYTHONHASHSEED=`hash_seed` and without address-space
-    randomization (`setarch -R`): the runner's plan (its fused stages' names and order,
-    from Beam's fusion) depends on the driver process's string hashes and object
-    addresses, and a driver started again with another plan does not resume its job
-    correctly (PLAN_DEPENDS_ON_THE_PROCESS). This way both runs of a test plan the
-    `combine`/`stateful` pipelines with the `files` and `redis` sinks the same (measured;
-    not so with WriteToText, whose stage order still varies), so that the tests test
-    the rest of the protocol.
-    """
+    environment (never inherited otherwise). Each run is a plain new interpreter, with
+    its own string hashes and address layout, as every run of a user's command is."""
     env = dict(os.environ)
     env.pop(KILL_AT_ENV, None)
+    env.pop('PYTHONHASHSEED', None)
     if kill_at:
         env[KILL_AT_ENV] = kill_at
-    env['PYTHONHASHSEED'] = hash_seed
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
     command = [sys.executable, os.path.abspath(__file__), spec_file,
                '--runner=StreamsSparkRunner', *flags]
-    setarch = shutil.which('setarch')
-    if setarch:
-        command = [setarch, platform.machine(), '-R', *command]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=REPO)
 
@@ -518,29 +483,23 @@ def check_subset(spec: Spec, redis_client=None) -> None:
     assert set(out.lines) <= expected, f'lines no golden run has: {set(out.lines) - expected}'
 
 
-def plan_stage_names(spec: Spec) -> list[str]:
-    """The names of the fused stages the runner plans for `spec`, in their order (as the
-    streaming driver plans them; no Spark)."""
-    from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
-    from apache_beam.transforms import environments
-
-    from beam_streams_runner.driver.plan import build_plan
-    from beam_streams_runner.regions.publishing import publishing_steps
+def planned_graph(spec: Spec) -> list[list]:
+    """The stages the runner plans for `spec` as the stored graph records them (name,
+    kind, sorted steps), sorted (what a restarted driver compares; no Spark)."""
+    from beam_streams_runner.runner import plan_pipeline
     p = beam.Pipeline(options=PipelineOptions(['--streaming']))
     build(p, spec, driver_pid=0)
-    p.visit(group_by_key_input_visitor(True))
-    plan = build_plan(p.to_runner_api(
-        default_environment=environments.EmbeddedPythonEnvironment.default()),
-        streaming=True, publishing=publishing_steps(p))
+    _, plan, _ = plan_pipeline(p, p.options)
     try:
-        return [stage.name for stage in plan.stages]
+        return sorted([stage.name, stage.kind, sorted(stage.step_names)]
+                      for stage in plan.stages)
     finally:
         plan.close()
 
 
 def plans_in_a_new_process(specs: Sequence[Spec]) -> subprocess.Popen:
     """Starts `harness.py --plans` (a fresh interpreter, Python's own hash randomization
-    and address layout) printing `plan_stage_names` of each spec as JSON."""
+    and address layout) printing `planned_graph` of each spec as JSON."""
     env = dict(os.environ)
     env.pop('PYTHONHASHSEED', None)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
@@ -556,7 +515,7 @@ def main(argv: list[str]) -> None:
     that a run started again with the same file reads the same input."""
     if argv[0] == '--plans':
         specs = [Spec.from_json(text) for text in json.loads(argv[1])]
-        print(json.dumps([plan_stage_names(spec) for spec in specs]))
+        print(json.dumps([planned_graph(spec) for spec in specs]))
         return
     spec_file, *flags = argv
     logging.basicConfig(level=logging.WARNING)

@@ -25,9 +25,6 @@ import logging
 
 import pytest
 
-from beam_streams_runner.regions.controller import RegionResetError
-from tests.faults.harness import WRITE_TO_TEXT_REPUBLISH
-
 # (pipeline, sink, where, at, checkpoint mode, checkpoint store)
 PLACES = [
     ('combine', 'text', 'source', 250, 'blocking', 'file'),
@@ -49,14 +46,6 @@ def ids(case) -> str:
     return '-'.join(str(part) for part in case)
 
 
-def cases(places):
-    """`places` as pytest params; WriteToText faulted after its publish is a known bug."""
-    return [pytest.param(place, id=ids(place), marks=(
-        [pytest.mark.xfail(reason=WRITE_TO_TEXT_REPUBLISH, raises=RegionResetError,
-                           strict=True)]
-        if place[1] == 'text' and place[2] == 'published' else [])) for place in places]
-
-
 @pytest.fixture
 def resets(caplog):
     """The controller's reset lines logged so far (a callable)."""
@@ -66,7 +55,7 @@ def resets(caplog):
                     and ': reset ' in r.getMessage()]
 
 
-@pytest.mark.parametrize('case', cases(PLACES))
+@pytest.mark.parametrize('case', PLACES, ids=ids)
 def test_a_python_worker_sigkilled_once(case, fault_run, attempts, resets):
     """F1: the Python worker running the task at the fault's place SIGKILLs itself once
     (a marker file remembers it). Under local[2,4] Spark runs the task again (under a
@@ -81,7 +70,7 @@ def test_a_python_worker_sigkilled_once(case, fault_run, attempts, resets):
         assert resets(), 'without task retries the lost worker must reset the region'
 
 
-@pytest.mark.parametrize('case', cases(FLIPPED))
+@pytest.mark.parametrize('case', FLIPPED, ids=ids)
 def test_a_dofn_exception_that_exhausts_the_task_retries(case, fault_run, attempts,
                                                          resets):
     """F2: a DoFn raises at the fault's place as many times in a row as Spark runs a
