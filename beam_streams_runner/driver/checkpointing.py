@@ -20,9 +20,9 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
+from beam_streams_runner.checkpoint_options import CheckpointSettings, new_job_name
 from beam_streams_runner.driver.plan import PipelinePlan
 from beam_streams_runner.errors import InvalidPipelineError, WorkerPythonError
-from beam_streams_runner.options import CheckpointSettings, new_job_name
 from beam_streams_runner.regions.commit_records import (
     CheckpointLedger,
     CheckpointStateError,

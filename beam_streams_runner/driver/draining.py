@@ -25,10 +25,10 @@ import threading
 import time
 from collections.abc import Iterator
 
+from beam_streams_runner.checkpoint_options import DEFAULT_DRAIN_TIMEOUT_S
 from beam_streams_runner.driver.checkpointing import Checkpointing
 from beam_streams_runner.driver.lineage import PipelineJobs
 from beam_streams_runner.errors import PipelineExecutionError
-from beam_streams_runner.options import DEFAULT_DRAIN_TIMEOUT_S
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -53,6 +53,7 @@ from pyspark import SparkContext, StorageLevel
 from pyspark.broadcast import Broadcast
 from pyspark.rdd import RDD
 
+from beam_streams_runner.checkpoint_options import CheckpointSettings
 from beam_streams_runner.driver.checkpointing import Checkpointing
 from beam_streams_runner.driver.draining import EpochWatch, end_drain
 from beam_streams_runner.driver.lineage import (
@@ -77,7 +78,6 @@ from beam_streams_runner.errors import (
     spark_failures_as_pipeline_errors,
 )
 from beam_streams_runner.metrics import RUNNER_NAMESPACE, MetricTotals, MetricTotalsAccumulator
-from beam_streams_runner.options import CheckpointSettings
 from beam_streams_runner.records import MAX_WATERMARK, Punctuation
 from beam_streams_runner.regions import fault_points
 from beam_streams_runner.translators.read import Residual

@@ -4,7 +4,7 @@ Design section 8, "Checkpoint stores": a Redis URL may carry its password
 (`redis://[user]:password@host:port/db`, or `?password=` in the query, which
 redis-py also accepts). Every repr, error message and log line that names a
 store, a Redis sink or source, or a command-line flag holding such a URL shows
-`redacted_url(url)` instead of the URL itself; `options.SecretUrl` shows it for
+`redacted_url(url)` instead of the URL itself; `option_types.SecretUrl` shows it for
 its str() and repr().
 """
 
