@@ -45,6 +45,7 @@ code to them by value.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import json
@@ -432,40 +433,65 @@ def read_redis(spec: Spec, client) -> dict[str, str]:
             for key, value in zip(keys, values, strict=True)}
 
 
-def check_exact(spec: Spec, redis_client=None) -> None:
-    """Asserts the sink holds exactly the golden output: nothing lost, nothing twice,
-    no leftover (a window's final file written twice shows as an extra file or
-    line; a temporary file of a failed attempt as a leftover)."""
+@dataclasses.dataclass
+class Comparison:
+    """A sink's output against the golden one: results missing, published more than
+    once, or that no golden run has, and files left behind, each also in words."""
+
+    lost: int = 0
+    duplicated: int = 0
+    wrong: int = 0
+    leftovers: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return not self.problems
+
+
+def compare(spec: Spec, redis_client=None) -> Comparison:
+    """The sink's output against the golden output (see `Comparison`): a window's
+    final file written twice shows as an extra file or line, a temporary file of a
+    failed attempt as a leftover, an empty output as everything lost."""
     if spec.sink == 'redis':
-        got = read_redis(spec, redis_client)
-        expected = golden_redis(spec)
-        assert got, 'the sink wrote nothing'
+        got, expected = read_redis(spec, redis_client), golden_redis(spec)
         missing = sorted(set(expected) - set(got))
         extra = sorted(set(got) - set(expected))
         wrong = sorted((k, got[k], expected[k]) for k in set(got) & set(expected)
                        if got[k] != expected[k])
-        assert not (missing or extra or wrong), (
-            f'Redis output differs from the golden one: missing {missing}, extra {extra}, '
-            f'wrong (key, got, expected) {wrong}')
-        return
+        result = Comparison(lost=len(missing), wrong=len(extra) + len(wrong))
+        if missing or extra or wrong:
+            result.problems.append(
+                f'Redis output differs from the golden one: missing {missing}, extra '
+                f'{extra}, wrong (key, got, expected) {wrong}')
+        return result
     out = read_files(spec)
     expected = golden_lines(spec)
-    assert out.lines, f'the sink published nothing (left: {out.others})'
-    assert_same_lines(out.lines, expected)
-    windows = spec.span_s
-    assert len(out.finals) == windows, (
-        f'{len(out.finals)} final files for {windows} windows: {out.finals}')
-    assert not out.others, f'left in the output directory: {out.others}'
+    g, e = collections.Counter(out.lines), collections.Counter(expected)
+    surplus = g - e
+    result = Comparison(lost=sum((e - g).values()),
+                        duplicated=sum(n for line, n in surplus.items() if line in e),
+                        wrong=sum(n for line, n in surplus.items() if line not in e),
+                        leftovers=len(out.others))
+    if not out.lines:
+        result.problems.append(f'the sink published nothing (left: {out.others})')
+    elif out.lines != expected:
+        result.problems.append(
+            f'{len(out.lines)} lines, {len(expected)} expected; missing '
+            f'{sorted((e - g).elements())}, extra or duplicated {sorted(surplus.elements())}')
+    if out.lines and len(out.finals) != spec.span_s:
+        result.duplicated += max(0, len(out.finals) - spec.span_s)
+        result.problems.append(
+            f'{len(out.finals)} final files for {spec.span_s} windows: {out.finals}')
+    if out.others:
+        result.problems.append(f'left in the output directory: {out.others}')
+    return result
 
 
-def assert_same_lines(got: list[str], expected: list[str]) -> None:
-    if got == expected:
-        return
-    import collections
-    g, e = collections.Counter(got), collections.Counter(expected)
-    raise AssertionError(
-        f'{len(got)} lines, {len(expected)} expected; missing {sorted((e - g).elements())}, '
-        f'extra or duplicated {sorted((g - e).elements())}')
+def check_exact(spec: Spec, redis_client=None) -> None:
+    """Asserts the sink holds exactly the golden output (see `compare`)."""
+    problems = compare(spec, redis_client).problems
+    assert not problems, '; '.join(problems)
 
 
 def check_subset(spec: Spec, redis_client=None) -> None:
