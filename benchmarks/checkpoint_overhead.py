@@ -558,15 +558,6 @@ RUN_TABLE = (('repeat', 'repeat'), ('config', 'config'), ('wall_s', 'wall s'),
              ('verdict', 'verdict'), ('log', 'log'))
 
 
-def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[str]:
-    def cell(value) -> str:
-        return '-' if value in ('', None) else str(value).replace('|', '\\|')
-    return (['| ' + ' | '.join(title for _, title in columns) + ' |',
-             '|' + '---|' * len(columns)]
-            + ['| ' + ' | '.join(cell(row.get(key)) for key, _ in columns) + ' |'
-               for row in rows])
-
-
 def write_report(out: str, runs: Sequence[dict], rows: Sequence[dict], meta: dict) -> None:
     """`report.md`, `runs.json` and `overhead.png` in `out`."""
     os.makedirs(out, exist_ok=True)
@@ -582,7 +573,7 @@ def write_report(out: str, runs: Sequence[dict], rows: Sequence[dict], meta: dic
              'CombinePerKey(sum) and a stateful DoFn (BagState, ReadModifyWriteState, an '
              f"event-time timer); {meta['repeats']} repeat(s), interleaved; runner options "
              f"`{' '.join(meta['runner_args'])}`.", '',
-             *markdown(rows, TABLE), '',
+             *micro.markdown_columns(rows, TABLE), '',
              '![throughput ratio to checkpoints off](overhead.png)', '',
              '## Notes', '',
              '* events/s = events / wall s, the pipeline\'s time from `Pipeline.run()` to '
@@ -613,7 +604,7 @@ def write_report(out: str, runs: Sequence[dict], rows: Sequence[dict], meta: dic
              '* Verdict: the sorted output lines equal those computed from the generator\'s '
              'definition (not empty); a checkpointing run must have taken a checkpoint '
              'once it lasted two periods, a run with checkpoints off none.', '',
-             '## Every run', '', *markdown(runs, RUN_TABLE), '',
+             '## Every run', '', *micro.markdown_columns(runs, RUN_TABLE), '',
              '## Log problems (runner WARNING and above, tracebacks)', '',
              *(problems or ['none']), '']
     with open(os.path.join(out, 'report.md'), 'w', encoding='utf-8') as f:
@@ -752,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             'redis_appendfsync': known.redis_appendfsync, 'tmp': tempfile.gettempdir(),
             'configs': [asdict(c) for c in configs]}
     write_report(out, runs, rows, meta)
-    print('\n'.join(markdown(rows, TABLE)))
+    print('\n'.join(micro.markdown_columns(rows, TABLE)))
     print(f'report: {os.path.join(out, "report.md")}', flush=True)
     return 0 if runs and all(sink_check.is_ok(r['verdict']) for r in runs) else 1
 

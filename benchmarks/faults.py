@@ -230,6 +230,8 @@ class Matrix:
 
 # ---------------------------------------------------------------- report
 
+SUMMARY_COLUMNS = (('fault', 'fault'), ('runs', 'runs'), ('passed', 'passed'),
+                   ('lost', 'results lost'), ('duplicated', 'duplicated'), ('wall_s', 'wall s'))
 CELL_COLUMNS = (('fault', 'fault'), ('pipeline', 'pipeline'), ('sink', 'sink'),
                 ('place', 'place'), ('at', 'at'), ('store', 'store'), ('mode', 'mode'),
                 ('seed', 'seed'), ('outcome', 'outcome'), ('lost', 'lost'),
@@ -258,14 +260,6 @@ def summary_rows(results: Sequence[Outcome]) -> list[dict]:
     return rows
 
 
-def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[str]:
-    lines = ['| ' + ' | '.join(title for _, title in columns) + ' |',
-             '|' + '---|' * len(columns)]
-    for row in rows:
-        lines.append('| ' + ' | '.join(str(row.get(key, '')) for key, _ in columns) + ' |')
-    return lines
-
-
 def write_report(out: str, results: Sequence[Outcome], meta: dict) -> None:
     os.makedirs(os.path.join(out, 'logs'), exist_ok=True)
     for result in results:
@@ -280,9 +274,7 @@ def write_report(out: str, results: Sequence[Outcome], meta: dict) -> None:
     text = ['# Golden-run fault matrix', '', f"* started: {meta['date']}",
             *(f'* {k}: {v}' for k, v in meta['versions'].items()), '', 'Command:', '',
             '```', meta['command'], '```', '',
-            *markdown(summary, [('fault', 'fault'), ('runs', 'runs'), ('passed', 'passed'),
-                                ('lost', 'results lost'), ('duplicated', 'duplicated'),
-                                ('wall_s', 'wall s')]), '',
+            *micro.markdown_columns(summary, SUMMARY_COLUMNS), '',
             '![cells per fault and sink](faults.png)', '',
             'A cell passes when its sink holds exactly the golden output (one line or '
             'Redis key per window and key, computed from the input\'s definition), with '
@@ -290,7 +282,7 @@ def write_report(out: str, results: Sequence[Outcome], meta: dict) -> None:
             'failed with the region error and published golden results only, each once. '
             'Lost, duplicated and wrong count results (lines or keys); the logs of every '
             'failed cell are in logs/.', '', '## Every cell', '',
-            *markdown(rows, CELL_COLUMNS), '']
+            *micro.markdown_columns(rows, CELL_COLUMNS), '']
     with open(os.path.join(out, 'report.md'), 'w', encoding='utf-8') as f:
         f.write('\n'.join(text))
     plot(results, os.path.join(out, 'faults.png'))

@@ -255,6 +255,17 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def markdown_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[str]:
+    """The lines of a Markdown table of `rows` with `columns` (key, title); an empty or
+    missing value shows as '-'."""
+    def cell(value) -> str:
+        return '-' if value in ('', None) else str(value).replace('|', '\\|')
+    return (['| ' + ' | '.join(title for _, title in columns) + ' |',
+             '|' + '---|' * len(columns)]
+            + ['| ' + ' | '.join(cell(row.get(key)) for key, _ in columns) + ' |'
+               for row in rows])
+
+
 def pyplot():
     """matplotlib's pyplot on the Agg (file-only) backend."""
     import matplotlib

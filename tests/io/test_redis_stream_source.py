@@ -204,30 +204,27 @@ def recorded(client: redis.Redis) -> list[str]:
     return [line.decode() for line in client.lrange(OUT, 0, -1)]
 
 
-RUNNERS = {
-    'direct': lambda: ('DirectRunner', []),
-    'spark-streaming': lambda: (StreamsSparkRunner(), [*SPARK_ARGS, '--streaming']),
-}
+@pytest.fixture(params=['direct', 'spark-streaming'])
+def runner(request) -> tuple[object, list[str]]:
+    """The runner a read runs on and its flags (Spark's session started for it)."""
+    if request.param == 'direct':
+        return 'DirectRunner', []
+    request.getfixturevalue('spark_session')
+    return StreamsSparkRunner(), [*SPARK_ARGS, '--streaming']
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize('runner', list(RUNNERS))
-def test_entries_added_before_the_run_come_out_once_in_order(redis_db, request, runner):
+def test_entries_added_before_the_run_come_out_once_in_order(redis_db, runner):
     url, client = redis_db
-    if runner != 'direct':
-        request.getfixturevalue('spark_session')
     ids = add(client, 1000, 11)
-    run_read(url, *RUNNERS[runner](), stop=ids[-1])
+    run_read(url, *runner, stop=ids[-1])
     assert recorded(client) == expected(ids)
     assert client.hgetall('copy:1010-0') == {b'n': b'1010', b'b': 'é'.encode()}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize('runner', list(RUNNERS))
-def test_entries_added_while_the_pipeline_runs(redis_db, request, runner):
+def test_entries_added_while_the_pipeline_runs(redis_db, runner):
     url, client = redis_db
-    if runner != 'direct':
-        request.getfixturevalue('spark_session')
     first = add(client, 1000, 3)
     later = [f'{1003 + i}-0' for i in range(6)]
 
@@ -245,6 +242,6 @@ def test_entries_added_while_the_pipeline_runs(redis_db, request, runner):
 
     thread = threading.Thread(target=add_later, daemon=True)
     thread.start()
-    run_read(url, *RUNNERS[runner](), stop=later[-1])
+    run_read(url, *runner, stop=later[-1])
     thread.join(timeout=10)
     assert recorded(client) == expected(first + later)
