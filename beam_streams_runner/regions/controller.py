@@ -156,6 +156,10 @@ class ConsistentRegionController:
         """Puts every member back to the newest consistent cut after `cause` failed an
         epoch; raises `RegionResetError` once the attempts are used up."""
         started = time.monotonic()
+        # When the failure reached the driver: with the reset line's time, the split
+        # of a recovery into detection, reset and catch-up (benchmarks/checkpoints.py).
+        _LOGGER.info('Consistent region %r: resetting after a failed epoch: %s', self.name,
+                     _describe(cause))
         try:
             # A cut still being written becomes the one to reset to if it completes.
             self._collect(wait=True)

@@ -1,4 +1,5 @@
-"""Named points of the driver where a fault test kills it (design section 12).
+"""Named points of the driver where a fault test kills it, and a task attempt that
+writes late (design section 12).
 
 The consistent-region protocol must survive a driver that dies at any of its
 transitions, not only at a random moment: after an epoch's deltas are written but
@@ -9,6 +10,16 @@ sets `BEAM_STREAMS_RUNNER_KILL_AT=name[:n]` in a driver's environment, and the
 n-th time (default: the first) the driver reaches that point it SIGKILLs itself,
 as a crashed host would end it: no `finally`, no flush, no goodbye. Unset (always,
 outside such tests) the check is one dictionary lookup.
+
+Fencing has its own fault: a task attempt that the runner gave up on and whose
+write lands after the next attempt's (a zombie). `late_write` makes one where a test
+sets `BEAM_STREAMS_RUNNER_LATE_WRITE=epoch:delay_s:marker`: the first attempt of
+every task of that epoch that writes state forks a copy of itself, which cuts its
+links to Spark, waits `delay_s` seconds and then writes the attempt's state deltas
+with every key deleted, so that a read of its revision would show as results lost
+(and a marker file `marker.<pid>` saying it wrote), while the attempt
+itself dies by SIGKILL before writing or reporting anything; Spark runs the task
+again, and only that attempt's revision may ever be read.
 """
 
 from __future__ import annotations
@@ -16,9 +27,13 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import stat
 import sys
+import time
+from collections.abc import Callable
 
 KILL_AT_ENV = 'BEAM_STREAMS_RUNNER_KILL_AT'
+LATE_WRITE_ENV = 'BEAM_STREAMS_RUNNER_LATE_WRITE'
 
 AFTER_EPOCH_DELTAS = 'after_epoch_deltas'  # the epoch's state is written, no cut yet
 BEFORE_COMMIT_RECORD = 'before_commit_record'  # the cut's parts taken, record not written
@@ -45,3 +60,41 @@ def reached(point: str) -> None:
                          f'(time {_reached[point]})\n')
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def late_write(epoch: int, attempt: int, write: Callable[[bool], object]) -> None:
+    """A task attempt about to `write(emptied=False)` its state deltas: makes it a
+    zombie that writes them emptied, late, if a test asked for it (see the docstring);
+    otherwise returns at once."""
+    spec = os.environ.get(LATE_WRITE_ENV)
+    if not spec or attempt != 0:
+        return
+    at, delay_s, marker = spec.split(':', 2)
+    if int(at) != epoch:
+        return
+    if os.fork() == 0:
+        _zombie(float(delay_s), write, marker, epoch)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _zombie(delay_s: float, write: Callable[[bool], object], marker: str, epoch: int) -> None:
+    """The forked copy: no socket shared with Spark (its end of them would keep the dead
+    attempt's connection open), a wait, then the attempt's write; never returns."""
+    outcome = 'wrote'
+    try:
+        for name in os.listdir('/proc/self/fd'):
+            try:
+                if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                    os.close(int(name))
+            except OSError:
+                pass  # the directory's own descriptor, closed by listdir already
+        time.sleep(delay_s)
+        write(True)
+    except BaseException as exc:  # noqa: BLE001 - reported in the marker, then exits
+        outcome = f'failed: {type(exc).__name__}: {exc}'
+    finally:
+        try:
+            with open(f'{marker}.{os.getpid()}', 'w', encoding='utf-8') as f:
+                f.write(f'epoch {epoch} attempt 0 {outcome} at {time.time()}\n')
+        finally:
+            os._exit(0)

@@ -23,7 +23,8 @@ every task of a stage partition is a `PartitionEpoch`:
    task attempt), then the report (watermark, residuals, timers, sizes, the
    revision, a cut asked for) to the driver; a task's accumulator updates reach
    the driver only when it succeeds, so only a successful attempt's revision is
-   ever loaded again.
+   ever loaded again (an attempt that writes and then dies is a zombie whose
+   revision nothing reads; `fault_points.late_write` makes one for the fault tests).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pyspark import TaskContext
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import MAX_WATERMARK, Punctuation, Record
+from beam_streams_runner.regions import fault_points
 from beam_streams_runner.regions.publishing import fenced
 from beam_streams_runner.regions.requests import take_checkpoint_request
 from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend, never_pinned
@@ -231,10 +233,19 @@ class PartitionEpoch:
             context = TaskContext.get()
             revision = Revision(epoch.number, context.attemptNumber() if context else 0)
         keep = epoch.keep.get(partition, ())
-        state_bytes = sum(
-            PartitionStateCache.commit(epoch.store, epoch.store_id, name, revision, self._base,
-                                       backend, keep)
-            for name, backend in self._backends.items())
+
+        def write_deltas(emptied: bool = False) -> int:
+            if emptied:  # a zombie's write: wrong if ever read (see `fault_points`)
+                for backend in self._backends.values():
+                    for key in backend.all_keys():
+                        backend.delete_key(key)
+            return sum(PartitionStateCache.commit(epoch.store, epoch.store_id, name, revision,
+                                                  self._base, backend, keep)
+                       for name, backend in self._backends.items())
+
+        if revision is not None:
+            fault_points.late_write(epoch.number, revision.attempt, write_deltas)
+        state_bytes = write_deltas()
         reports_acc.add({(epoch.number, *partition): self._report._replace(
             state_bytes=state_bytes, revision=revision,
             # Output staged after its input ended waits for a cut: ask for one now.

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from tests.faults import harness
+from tests.faults import harness, judging
 
 STORE_DB = 2  # the session's redis-server: checkpoints of the fault tests
 SINK_DB = 3  # and what their WriteToRedis sinks publish
@@ -62,16 +62,16 @@ class FaultRun:
         harness.run_in_process(self.spec, self.flags)
 
     def check_exact(self) -> None:
-        harness.check_exact(self.spec, self.sink_client)
+        judging.check_exact(self.spec, self.sink_client)
 
     def check_subset(self) -> None:
-        harness.check_subset(self.spec, self.sink_client)
+        judging.check_subset(self.spec, self.sink_client)
 
     def output(self):
         """A snapshot of the sink's output (to compare before and after a refused run)."""
         if self.spec.sink == 'redis':
-            return harness.read_redis(self.spec, self.sink_client)
-        return harness.read_files(self.spec)
+            return judging.read_redis(self.spec, self.sink_client)
+        return judging.read_files(self.spec)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from tests.faults import harness
+from tests.faults import harness, judging
 from tests.faults.fixtures import SINK_DB, STORE_DB
 from tests.faults.harness import SecondRunFailed
 
@@ -71,13 +71,13 @@ def kill_and_resume(spec_file, flags, client, kill_at=None, point=None):
     assert 'is consistent' in first.stderr, (
         'the driver was killed before its first consistent cut: there is nothing to resume')
     spec = harness.read_spec(spec_file)
-    harness.check_subset(spec, client)
+    judging.check_subset(spec, client)
     second = harness.run_subprocess(spec_file, flags)
     if second.returncode != 0:
         raise SecondRunFailed(
             f'the second run failed (exit {second.returncode}):\n{second.stderr[-6000:]}')
     assert 'resumes from its checkpoints' in second.stderr, second.stderr[-4000:]
-    harness.check_exact(spec, client)
+    judging.check_exact(spec, client)
     return spec
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from beam_streams_runner.regions.commit_records import CheckpointStateError
 from beam_streams_runner.regions.controller import RegionResetError
-from tests.faults import harness
+from tests.faults import harness, judging
 
 WIPE_DB = 4  # the session's redis-server: the store a test flushes
 
@@ -108,14 +108,14 @@ def test_a_wiped_store_is_detected_after_a_driver_kill(tmp_path):
     first = harness.run_subprocess(spec_file, flags, kill_at='after_commit_record:3')
     assert first.returncode < 0, first.stderr[-4000:]
     spec = harness.read_spec(spec_file)
-    harness.check_subset(spec)
-    before = harness.read_files(spec)
+    judging.check_subset(spec)
+    before = judging.read_files(spec)
     shutil.rmtree(tmp_path / 'store')
     second = harness.run_subprocess(spec_file, flags)
     assert second.returncode != 0
     assert 'CheckpointStateError' in second.stderr
     assert 'the store was wiped' in second.stderr, second.stderr[-4000:]
-    assert harness.read_files(spec) == before
+    assert judging.read_files(spec) == before
 
 
 @pytest.mark.parametrize('store', ['file', 'redis'])
