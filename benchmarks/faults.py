@@ -38,8 +38,8 @@ Faults (each cell names its place, element and seed):
   directory deleted, FLUSHDB); the same command must fail saying the store was
   wiped, and change nothing in the output.
 * F10: every task of epoch n dies before its report, after forking a zombie that
-  writes the attempt's state deltas, emptied, 1.5 s later (`fault_points.late_write`):
-  only the next attempt's revision may be read.
+  writes the attempt's state deltas, emptied, right after the next attempt wrote
+  (`fault_points.late_write`): only the next attempt's revision may be read.
 * F11: the sink crashes mid-write (the Python worker SIGKILLed inside WriteToFiles'
   publishing step, or between two halves of WriteToRedis' writes).
 * F12: a DoFn sleeps past `--drain_timeout_s`: the epoch is cancelled and the region
@@ -138,9 +138,7 @@ def _family(fault: str, pipeline: str, sink: str, seed: int, rng: random.Random,
     elif fault == 'F9':
         yield cell('wiped', 3)
     elif fault == 'F10':
-        # An epoch every run has, with more than the zombie's delay of the run after it
-        # (a 6-s stream makes 4-9 epochs; a zombie still waiting when the run ends dies
-        # with the run's workers, and the cell fails for want of a late write).
+        # An epoch every run has (a 6-s stream makes 4-9 epochs, fewer on a busy machine).
         yield cell('late_write', rng.randrange(1, 4))
     elif fault == 'F11':
         if sink != 'text':  # WriteToText's publishing step has no place to crash in

@@ -12,19 +12,24 @@ as a crashed host would end it: no `finally`, no flush, no goodbye. Unset (alway
 outside such tests) the check is one dictionary lookup.
 
 Fencing has its own fault: a task attempt that the runner gave up on and whose
-write lands after the next attempt's (a zombie). `late_write` makes one where a test
-sets `BEAM_STREAMS_RUNNER_LATE_WRITE=epoch:delay_s:marker`: the first attempt of
-every task of that epoch that writes state forks a copy of itself, which cuts its
-links to Spark, waits `delay_s` seconds and then writes the attempt's state deltas
-with every key deleted, so that a read of its revision would show as results lost
-(and a marker file `marker.<pid>` saying it wrote), while the attempt
-itself dies by SIGKILL before writing or reporting anything; Spark runs the task
-again, and only that attempt's revision may ever be read.
+write lands after the next attempt's (a zombie). Every task writes its state deltas
+through `late_write`, which makes one where a test sets
+`BEAM_STREAMS_RUNNER_LATE_WRITE=epoch:wait_s:marker`: the first attempt of every
+task of that epoch that writes state forks a copy of itself and dies by SIGKILL
+before writing or reporting anything; Spark runs the task again. The copy cuts its
+links to Spark and waits until that next attempt has written (it leaves a file
+`marker-written-<task>`), at most `wait_s` seconds, then writes the dead attempt's
+deltas with every key deleted, so that a read of its revision would show as results
+lost, and leaves a marker file `marker.<pid>` saying it wrote. Only the next
+attempt's revision may ever be read. Waiting for the next attempt's write, rather
+than for a fixed time, makes the write late in every run and lets it land while the
+job still runs.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import signal
 import stat
@@ -62,24 +67,32 @@ def reached(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def late_write(epoch: int, attempt: int, write: Callable[[bool], object]) -> None:
-    """A task attempt about to `write(emptied=False)` its state deltas: makes it a
-    zombie that writes them emptied, late, if a test asked for it (see the docstring);
-    otherwise returns at once."""
+def late_write(epoch: int, attempt: int, task: str, write: Callable[[bool], int]) -> int:
+    """Returns `write(False)`, the task attempt's write of its state deltas, unless a test
+    asked for a zombie of this epoch (see the docstring): then the first attempt forks
+    one and dies, and a later attempt says it wrote."""
     spec = os.environ.get(LATE_WRITE_ENV)
-    if not spec or attempt != 0:
-        return
-    at, delay_s, marker = spec.split(':', 2)
+    if not spec:
+        return write(False)
+    at, wait_s, marker = spec.split(':', 2)
     if int(at) != epoch:
-        return
-    if os.fork() == 0:
-        _zombie(float(delay_s), write, marker, epoch)
-    os.kill(os.getpid(), signal.SIGKILL)
+        return write(False)
+    written = f'{marker}-written-{hashlib.sha1(task.encode()).hexdigest()[:12]}'
+    if attempt == 0:
+        if os.fork() == 0:
+            _zombie(float(wait_s), written, write, marker, epoch)
+        os.kill(os.getpid(), signal.SIGKILL)
+    state_bytes = write(False)
+    with open(written, 'w', encoding='utf-8') as f:
+        f.write(f'epoch {epoch} attempt {attempt}\n')
+    return state_bytes
 
 
-def _zombie(delay_s: float, write: Callable[[bool], object], marker: str, epoch: int) -> None:
+def _zombie(wait_s: float, written: str, write: Callable[[bool], object], marker: str,
+            epoch: int) -> None:
     """The forked copy: no socket shared with Spark (its end of them would keep the dead
-    attempt's connection open), a wait, then the attempt's write; never returns."""
+    attempt's connection open), a wait for the next attempt's write, then the dead
+    attempt's write; never returns."""
     outcome = 'wrote'
     try:
         for name in os.listdir('/proc/self/fd'):
@@ -88,7 +101,11 @@ def _zombie(delay_s: float, write: Callable[[bool], object], marker: str, epoch:
                     os.close(int(name))
             except OSError:
                 pass  # the directory's own descriptor, closed by listdir already
-        time.sleep(delay_s)
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(written) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not os.path.exists(written):
+            outcome = 'wrote, no later attempt having written'
         write(True)
     except BaseException as exc:  # noqa: BLE001 - reported in the marker, then exits
         outcome = f'failed: {type(exc).__name__}: {exc}'

@@ -243,9 +243,8 @@ class PartitionEpoch:
                                                   self._base, backend, keep)
                        for name, backend in self._backends.items())
 
-        if revision is not None:
-            fault_points.late_write(epoch.number, revision.attempt, write_deltas)
-        state_bytes = write_deltas()
+        state_bytes = (write_deltas() if revision is None else fault_points.late_write(
+            epoch.number, revision.attempt, f'{partition}', write_deltas))
         reports_acc.add({(epoch.number, *partition): self._report._replace(
             state_bytes=state_bytes, revision=revision,
             # Output staged after its input ended waits for a cut: ask for one now.

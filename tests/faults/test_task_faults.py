@@ -49,16 +49,16 @@ def test_an_epoch_past_the_drain_timeout_is_replayed_exactly(fault_run, caplog):
 @pytest.mark.parametrize('store', ['file', 'redis'])
 def test_a_late_write_from_an_old_attempt_is_fenced(store, tmp_path, redis_server):
     """F10: every task of epoch 2 that writes state forks a zombie and dies before
-    reporting; Spark runs the tasks again; 1.5 s later each zombie writes its attempt's
-    deltas, emptied (`fault_points.late_write`). Only the second attempts' revisions are
-    read: the output is exact (a read of a zombie's revision loses results). Epoch 2:
-    every run has it, with time to spare for the late write before the run ends."""
+    reporting; Spark runs the tasks again; once a task's next attempt has written, its
+    zombie writes the dead attempt's deltas, emptied (`fault_points.late_write`). Only
+    the second attempts' revisions are read: the output is exact (a read of a zombie's
+    revision loses results). Epoch 2: every run has it."""
     job = f'zombie-{uuid.uuid4().hex[:8]}'
     spec = harness.Spec('stateful', 'files', str(tmp_path / 'out' / 'out'), 0)
     spec_file = harness.write_spec(spec, str(tmp_path / 'spec.json'))
     store_url = redis_server.url_of(2) if store == 'redis' else str(tmp_path / 'store')
     run = harness.run_subprocess(spec_file, harness.runner_flags(job, store_url),
-                                 late_write=f'2:1.5:{tmp_path / "zombie"}')
+                                 late_write=f'2:30:{tmp_path / "zombie"}')
     assert run.returncode == 0, run.stderr[-4000:]
     zombies = [open(path).read() for path in glob.glob(str(tmp_path / 'zombie.*'))]
     assert zombies and all(' wrote ' in text for text in zombies), zombies

@@ -26,8 +26,9 @@ else:
     def write(emptied):
         with open(os.environ['WRITTEN'], 'a') as f:
             f.write(f'{os.getpid()} emptied={emptied}\\n')
-    fault_points.late_write(int(sys.argv[2]), int(sys.argv[3]), write)
-    print('returned', flush=True)
+        return 7
+    print('returned', fault_points.late_write(int(sys.argv[2]), int(sys.argv[3]),
+                                              sys.argv[4], write), flush=True)
 '''
 
 
@@ -53,21 +54,39 @@ def test_a_point_kills_the_process_the_nth_time_it_is_reached():
     assert other.returncode == 0
 
 
-def test_a_late_write_comes_from_a_zombie_after_the_attempt_died(tmp_path):
+def test_a_late_write_comes_from_a_zombie_after_the_next_attempt_wrote(tmp_path):
     written, marker = tmp_path / 'written', tmp_path / 'zombie'
-    late = {fault_points.LATE_WRITE_ENV: f'5:0.5:{marker}', 'WRITTEN': str(written)}
-    died = run('late', '5', '0', **late)
+    late = {fault_points.LATE_WRITE_ENV: f'5:30:{marker}', 'WRITTEN': str(written)}
+    died = run('late', '5', '0', 'task-a', **late)
     assert died.returncode == -signal.SIGKILL and 'returned' not in died.stdout
-    assert not written.exists(), 'written before the attempt died'
+    time.sleep(0.5)
+    assert not written.exists(), 'the zombie wrote before the next attempt'
+    # Another task's next attempt does not wake this task's zombie.
+    assert run('late', '5', '1', 'task-b', **late).stdout.strip() == 'returned 7'
+    time.sleep(0.5)
+    assert not list(tmp_path.glob('zombie.*'))
+    assert run('late', '5', '1', 'task-a', **late).stdout.strip() == 'returned 7'
     deadline = time.monotonic() + 30
     while not list(tmp_path.glob('zombie.*')) and time.monotonic() < deadline:
         time.sleep(0.05)
     [mark] = list(tmp_path.glob('zombie.*'))
-    assert 'epoch 5 attempt 0 wrote' in mark.read_text()
-    pid, emptied = written.read_text().split()
-    assert mark.name == f'zombie.{pid}' and emptied == 'emptied=True'
-    # Another epoch, a later attempt, or no test asking: the write goes on as usual.
-    for args in (('4', '0'), ('5', '1')):
-        assert run('late', *args, **late).stdout.strip() == 'returned'
-    assert run('late', '5', '0', WRITTEN=str(written)).stdout.strip() == 'returned'
-    assert len(written.read_text().splitlines()) == 1
+    assert 'epoch 5 attempt 0 wrote at' in mark.read_text()
+    writes = [line.split() for line in written.read_text().splitlines()]
+    assert [emptied for _, emptied in writes] == ['emptied=False'] * 2 + ['emptied=True']
+    assert mark.name == f'zombie.{writes[-1][0]}'
+    # Another epoch, or no test asking: the write goes on as usual.
+    assert run('late', '4', '0', 'task-a', **late).stdout.strip() == 'returned 7'
+    assert run('late', '5', '0', 'task-a', WRITTEN=str(written)).stdout.strip() == 'returned 7'
+    assert len(written.read_text().splitlines()) == 5
+
+
+def test_a_zombie_without_a_next_attempt_writes_when_its_wait_is_over(tmp_path):
+    written, marker = tmp_path / 'written', tmp_path / 'zombie'
+    late = {fault_points.LATE_WRITE_ENV: f'2:0.3:{marker}', 'WRITTEN': str(written)}
+    assert run('late', '2', '0', 'task', **late).returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob('zombie.*')) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [mark] = list(tmp_path.glob('zombie.*'))
+    assert 'wrote, no later attempt having written' in mark.read_text()
+    assert written.read_text().split()[1] == 'emptied=True'
