@@ -35,6 +35,9 @@ def test_the_matrix_has_250_cells_in_one_seed_and_a_fixed_order():
     assert all(c.mode == 'non_blocking' for c in first
                if c.place == 'during_non_blocking_write')
     assert not any(c.place == 'published' for c in first if c.sink == 'redis')
+    for pipelines, sinks in ((['windows'], ['redis']), (['cuts', 'stateful'], ['text', 'files'])):
+        chosen = list(faults.cells(pipelines, sinks, faults.FAULTS, 1))
+        assert chosen and set(chosen) <= set(first), 'a cell changes with the others chosen'
 
 
 def test_an_unknown_fault_family_is_named():
@@ -137,11 +140,13 @@ def test_the_report_sums_the_cells(tmp_path):
 
 def test_two_cells_end_to_end(tmp_path):
     """The command itself, on two cells: F1 at the source of the combine pipeline into
-    WriteToFiles, and F6 past the reset limit into Redis (its run must fail)."""
+    WriteToFiles, and F6 past the reset limit of the stateless chain into Redis (its
+    run must fail)."""
     done = subprocess.run(
-        ['python', '-m', 'benchmarks.faults', '--pipelines=combine', '--seeds=1',
-         '--sinks=files,redis', '--faults=F1,F6', '--only=files source@|redis k=6@',
-         f'--out={tmp_path}'], capture_output=True, text=True, timeout=600,
+        ['python', '-m', 'benchmarks.faults', '--pipelines=combine,stateless', '--seeds=1',
+         '--sinks=files,redis', '--faults=F1,F6',
+         '--only=F1 combine/files source@|F6 stateless/redis k=6@', f'--out={tmp_path}'],
+        capture_output=True, text=True, timeout=600,
         cwd=harness.REPO)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     cells = json.loads((tmp_path / 'cells.json').read_text())['cells']
@@ -150,8 +155,9 @@ def test_two_cells_end_to_end(tmp_path):
     assert '[1/2] F1 combine/files source@' in done.stdout
     # Started again on the same report: nothing left to run, the same result.
     again = subprocess.run(
-        ['python', '-m', 'benchmarks.faults', '--pipelines=combine', '--seeds=1',
-         '--sinks=files,redis', '--faults=F1,F6', '--only=files source@|redis k=6@',
-         f'--out={tmp_path}'], capture_output=True, text=True, timeout=600,
+        ['python', '-m', 'benchmarks.faults', '--pipelines=combine,stateless', '--seeds=1',
+         '--sinks=files,redis', '--faults=F1,F6',
+         '--only=F1 combine/files source@|F6 stateless/redis k=6@', f'--out={tmp_path}'],
+        capture_output=True, text=True, timeout=600,
         cwd=harness.REPO)
     assert again.returncode == 0 and '2 cells, 2 done before, 0 to run' in again.stdout

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import signal
 import sys
 import threading
@@ -40,13 +41,17 @@ SLEEP_S = 12  # a `sleep` fault: well past the drain timeout the matrix runs wit
 @dataclasses.dataclass(frozen=True)
 class Fault:
     """One fault: `kind` at `where`, element or window `at`, `times` in a row (see the
-    module docstring)."""
+    module docstring); with `whole_epochs`, `times` counts epochs instead: the fault
+    hits every attempt, in every Spark stage, of the first `times` epochs that reach
+    it (an element of a stage read by two shuffles is computed by both; a count of
+    hits would fail fewer epochs than asked)."""
 
     kind: str  # 'kill_worker' | 'raise' | 'kill_driver' | 'sleep'
     marker: str  # path prefix of the marker files counting the faults done
     at: int = 250
     where: str = 'source'  # 'source' | 'keyed' | 'publish' (files) | 'published'
     times: int = 1
+    whole_epochs: bool = False
 
     def done(self) -> int:
         return len(glob.glob(self.marker + '.*'))
@@ -55,22 +60,46 @@ class Fault:
 
 # DoFn faults -------------------------------------------------------------------------------------
 def inject(fault: Fault, driver_pid: int, what: object) -> None:
-    """Does `fault` unless it was done `times` times already (see `Fault`)."""
-    done = fault.done()
-    if done >= fault.times:
+    """Does `fault` unless it was done `times` times (or in `times` epochs) already (see
+    `Fault`)."""
+    if not _hits(fault, what):
         return
-    with open(f'{fault.marker}.{done}', 'w') as f:
-        f.write(f'{os.getpid()} {time.time()} {what!r}\n')
     if fault.kind == 'kill_worker':
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == 'kill_driver':
         os.kill(driver_pid, signal.SIGKILL)
     elif fault.kind == 'raise':
-        raise RuntimeError(f'injected fault {done + 1} at {what!r}')
+        raise RuntimeError(f'injected fault {fault.done()} at {what!r}')
     elif fault.kind == 'sleep':
         time.sleep(SLEEP_S)
     else:
         raise ValueError(fault.kind)
+
+
+def _hits(fault: Fault, what: object) -> bool:
+    """Whether `fault` hits now; its marker file is written when it does."""
+    if fault.whole_epochs:
+        marker = f'{fault.marker}.epoch-{epoch_of_task()}'
+        if os.path.exists(marker):  # an epoch it failed already: fails again
+            return True
+    else:
+        marker = f'{fault.marker}.{fault.done()}'
+    if fault.done() >= fault.times:
+        return False
+    with open(marker, 'w') as f:
+        f.write(f'{os.getpid()} {time.time()} {what!r}\n')
+    return True
+
+
+def epoch_of_task() -> int:
+    """The streaming epoch of the running Spark task, from its job's description
+    (`Beam streaming epoch N ...`)."""
+    from pyspark import TaskContext
+    description = TaskContext.get().getLocalProperty('spark.job.description') or ''
+    match = re.match(r'Beam streaming epoch (\d+)', description)
+    if match is None:
+        raise RuntimeError(f'not a streaming epoch\'s task: {description!r}')
+    return int(match.group(1))
 
 
 class Inject(beam.DoFn):

@@ -104,6 +104,21 @@ def test_windows_are_judged_by_their_final_pane(tmp_path):
     assert short.lost == 1 and short.wrong == 2 and not short.exact
 
 
+def test_a_run_that_ended_early_may_hold_an_early_pane_only(tmp_path):
+    spec = harness.Spec('windows', 'text', str(tmp_path / 'out'), START)
+    golden = harness.golden(spec)['']
+    first = next(line for line in golden if not line.startswith('sw'))
+    w, k, n, s = first.split()
+    only_early = dataclasses.replace(spec, out=str(tmp_path / 'early'))
+    write_text(only_early, by_window(with_panes(golden, {f'{w} {k}': ['p0 n1 s1']})))
+    assert judging.compare(only_early).wrong == 1
+    judging.check_subset(only_early)
+    more = dataclasses.replace(spec, out=str(tmp_path / 'more'))
+    write_text(more, by_window(with_panes(golden, {f'{w} {k}': [f'p0 n{int(n[1:]) + 1} {s}']})))
+    with pytest.raises(AssertionError, match='published twice, or what no golden run has'):
+        judging.check_subset(more)
+
+
 def test_two_sinks_are_judged_each(tmp_path):
     spec = harness.Spec('cogroup', 'text', str(tmp_path / 'out'), START)
     golden = harness.golden(spec)
