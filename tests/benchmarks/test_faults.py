@@ -142,22 +142,17 @@ def test_two_cells_end_to_end(tmp_path):
     """The command itself, on two cells: F1 at the source of the combine pipeline into
     WriteToFiles, and F6 past the reset limit of the stateless chain into Redis (its
     run must fail)."""
-    done = subprocess.run(
-        ['python', '-m', 'benchmarks.faults', '--pipelines=combine,stateless', '--seeds=1',
-         '--sinks=files,redis', '--faults=F1,F6',
-         '--only=F1 combine/files source@|F6 stateless/redis k=6@', f'--out={tmp_path}'],
-        capture_output=True, text=True, timeout=600,
-        cwd=harness.REPO)
+    command = ['python', '-m', 'benchmarks.faults', '--pipelines=combine,stateless',
+               '--seeds=1', '--sinks=files,redis', '--faults=F1,F6',
+               '--only=F1 combine/files source@|F6 stateless/redis k=6@', f'--out={tmp_path}']
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          cwd=harness.REPO)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     cells = json.loads((tmp_path / 'cells.json').read_text())['cells']
     assert [(c['fault'], c['sink'], c['outcome']) for c in cells] == [
         ('F1', 'files', 'exact'), ('F6', 'redis', 'failed as expected')]
     assert '[1/2] F1 combine/files source@' in done.stdout
     # Started again on the same report: nothing left to run, the same result.
-    again = subprocess.run(
-        ['python', '-m', 'benchmarks.faults', '--pipelines=combine,stateless', '--seeds=1',
-         '--sinks=files,redis', '--faults=F1,F6',
-         '--only=F1 combine/files source@|F6 stateless/redis k=6@', f'--out={tmp_path}'],
-        capture_output=True, text=True, timeout=600,
-        cwd=harness.REPO)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                           cwd=harness.REPO)
     assert again.returncode == 0 and '2 cells, 2 done before, 0 to run' in again.stdout
