@@ -52,7 +52,10 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
               'never appears in logs or messages. A job keeps its state under its '
               '--job_name: a run with the same --job_name and --checkpoint_store resumes '
               'it. Default: the directory <home>/checkpoints/<job_name>, where <home> is '
-              f'${RUNNER_HOME_ENV} or {DEFAULT_RUNNER_HOME}.'))
+              f'${RUNNER_HOME_ENV} or {DEFAULT_RUNNER_HOME}. With --checkpoint_period_s=0 '
+              "a streaming run keeps its keyed state there (under the run's own name, "
+              'deleted at its end) instead of a temporary directory. On a cluster, give a '
+              'store every host reaches (Redis, or a directory all hosts mount).'))
     parser.add_argument(
         '--checkpoint_period_s',
         type=float_or_text,

@@ -27,6 +27,9 @@ from beam_streams_runner.failure_hints import failure_hint
 _STEP_PATTERN = re.compile(r"while running '([^']*)'")
 _ANNOTATION = re.compile(r" \[while running '[^']*'\]")
 _MARKER = 'StageExecutionError: '
+_NOT_SHARED = re.compile(r'StoreNotSharedError: ([^\n]*)')
+# Spark names where a task failed: "Lost task 0.3 in stage 2.0 (TID 9) (host executor 1)".
+_LOST_ON = re.compile(r'\(TID \d+\) \((\S+) executor (\w+)\)')
 _END_OF_PYTHON_TRACE = re.compile(r'\n\s+at org\.apache\.|\n\tat |\nDriver stacktrace:')
 
 _LOGGER = logging.getLogger(__name__)
@@ -131,6 +134,9 @@ def spark_failures_as_pipeline_errors() -> Iterator[None]:
 def pipeline_error_from_spark(exc: BaseException) -> BaseException:
     """Turns a failed Spark action into the error the user should see."""
     text = str(exc)
+    not_shared = _NOT_SHARED.search(text)
+    if not_shared:
+        return StoreNotSharedError(not_shared.group(1))
     start = text.find(_MARKER)
     if start < 0:
         return worker_python_error(text) or exc
@@ -145,7 +151,8 @@ def worker_python_error(text: str) -> WorkerPythonError | None:
     """The short error for a Spark failure whose Python workers could not start, else None."""
     cannot_run = _CANNOT_RUN.search(text)
     if cannot_run and 'PythonWorkerFactory' in text:
-        return WorkerPythonError.cannot_start(cannot_run.group(1), cannot_run.group(2))
+        return WorkerPythonError.cannot_start(cannot_run.group(1) + _executor_of(text),
+                                              cannot_run.group(2))
     python = _configured_worker_python()
     daemon = _DAEMON_EOF.search(text)
     module = daemon.group(1) if daemon else 'beam_streams_runner.worker.daemon'
@@ -161,19 +168,28 @@ def worker_python_error(text: str) -> WorkerPythonError | None:
                 python = f'{python} ({spec.group(1)})'  # e.g. `python3`, and which one ran
     elif daemon:
         return WorkerPythonError.cannot_start(
-            python, f"{module} exited before it started; its error output is in the "
-            "executors' logs")
+            python + _executor_of(text),
+            f"{module} exited before it started; its error output is in the executors' logs")
     elif 'Python worker' in text or 'PythonException' in text:
         # A worker that started (e.g. PySpark's own daemon) but cannot load the task.
         reason = ''
     else:
         return None
+    python += _executor_of(text)
     missing = _MISSING_MODULE.search(reason or text)
     if missing:
         module, reason = missing.group(1), missing.group(0).removeprefix('ModuleNotFoundError: ')
     elif not reason:
         return None
     return WorkerPythonError.cannot_import(python, module, reason)
+
+
+def _executor_of(text: str) -> str:
+    """' on executor N of host H' for a task that failed on a cluster's executor."""
+    lost = _LOST_ON.search(text)
+    if lost is None or lost.group(2) == 'driver':
+        return ''  # local mode: the driver's host runs the workers
+    return f' on executor {lost.group(2)} of host {lost.group(1)}'
 
 
 def _configured_worker_python() -> str:
@@ -185,6 +201,11 @@ def _configured_worker_python() -> str:
 
 class InvalidPipelineError(StreamsSparkRunnerError, ValueError):
     """The pipeline breaks a rule of Beam's model; the message says what to change."""
+
+
+class StoreNotSharedError(StreamsSparkRunnerError):
+    """A task does not see the store the driver keeps the run's state in (a directory
+    local to the driver's host, on a cluster)."""
 
 
 class CheckpointStoreUnavailableError(StreamsSparkRunnerError):

@@ -352,6 +352,7 @@ def redis_store(redis_server):
     store.close()
 
 
-# The fault-injection tests' fixtures: a conftest.py of their own would take this
+# The fault-injection and cluster tests' fixtures: a conftest.py of their own would take this
 # module's name `conftest`, which the other tests import from.
+from tests.cluster.fixtures import local_cluster, words, words_direct  # noqa: E402, F401
 from tests.faults.fixtures import attempts, fault_run, fault_spark, own_redis  # noqa: E402, F401

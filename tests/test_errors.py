@@ -19,7 +19,12 @@ from pyspark import SparkContext
 from pyspark.rdd import RDD
 
 from beam_streams_runner import StreamsSparkRunner
-from beam_streams_runner.errors import NonDeterministicKeyCoderError, PipelineExecutionError
+from beam_streams_runner.errors import (
+    NonDeterministicKeyCoderError,
+    PipelineExecutionError,
+    StoreNotSharedError,
+    pipeline_error_from_spark,
+)
 from beam_streams_runner.options import InvalidOptionsError
 
 pytestmark = pytest.mark.timeout(120)
@@ -178,3 +183,18 @@ def test_invalid_options_fail_before_any_job(spark_args, no_spark_jobs, flag):
         with _pipeline(spark_args, flag) as p:
             p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
     assert 'bundle_size' in str(info.value)
+
+
+def test_a_store_the_tasks_do_not_see_comes_back_as_its_own_error():
+    """Raised in a task, wrapped by Spark: the driver gets the runner's error, whose
+    message is the task's, without Spark's trace."""
+    text = ('Job aborted due to stage failure: Lost task 0.3 in stage 4.0 (TID 9) '
+            '(127.0.0.3 executor 1): org.apache.spark.api.python.PythonException: '
+            'Traceback (most recent call last):\n  File "x.py", line 1\n'
+            'beam_streams_runner.errors.StoreNotSharedError: The keyed state of this run '
+            'is kept in LocalDirectoryStore(/tmp/s) ... Give --checkpoint_store=redis://...\n'
+            '\tat org.apache.spark.api.python.BasePythonRunner\n')
+    error = pipeline_error_from_spark(RuntimeError(text))
+    assert isinstance(error, StoreNotSharedError)
+    assert str(error).startswith('The keyed state of this run is kept in')
+    assert str(error).endswith('redis://...') and 'org.apache' not in str(error)

@@ -22,7 +22,11 @@ from collections.abc import Sequence
 
 from beam_streams_runner.checkpoint_options import CheckpointSettings, new_job_name
 from beam_streams_runner.driver.plan import PipelinePlan
-from beam_streams_runner.errors import InvalidPipelineError, WorkerPythonError
+from beam_streams_runner.errors import (
+    InvalidPipelineError,
+    StoreNotSharedError,
+    WorkerPythonError,
+)
 from beam_streams_runner.regions.commit_records import (
     CheckpointLedger,
     CheckpointStateError,
@@ -34,9 +38,11 @@ from beam_streams_runner.regions.layout import RegionLayout, RegionLayoutError
 from beam_streams_runner.stores import store_from_url
 from beam_streams_runner.stores.base import CheckpointStore
 from beam_streams_runner.stores.local_directory import LocalDirectoryStore
+from beam_streams_runner.worker.partition_cache import mark_run
 
 _LOGGER = logging.getLogger(__name__)
-_NOT_MENDED_BY_RESET = (WorkerPythonError, InvalidPipelineError, CheckpointStateError)
+_NOT_MENDED_BY_RESET = (WorkerPythonError, InvalidPipelineError, CheckpointStateError,
+                        StoreNotSharedError)
 
 
 def stage_regions(plan: PipelinePlan, layout: RegionLayout) -> dict[str, frozenset[str]]:
@@ -95,8 +101,7 @@ class Checkpointing:
     def start(self, members: Sequence[RegionMember]) -> int:
         """Opens the store and resumes the regions; returns the first epoch to run."""
         if not self.enabled:
-            self._temporary = tempfile.mkdtemp(prefix=f'{self.store_id}-state-')
-            self.store = LocalDirectoryStore(self._temporary)
+            self._start_without_regions()
             return 0
         settings = self.settings
         url = settings.store_url_for(self.job_name)
@@ -108,6 +113,7 @@ class Checkpointing:
         resumed = ledger.open(PipelineGraph(
             tuple((s.name, s.kind, tuple(sorted(s.step_names))) for s in self._plan.stages),
             self._partitions), settings.restart_from_scratch)
+        mark_run(self.store, self.state_prefix, self.store_id)
         self.controllers = [ConsistentRegionController(
             name, stages, ledger, members, settings.period_s,
             settings.mode == 'non_blocking', settings.max_consecutive_reset_attempts,
@@ -123,6 +129,21 @@ class Checkpointing:
             _LOGGER.info('Job %r resumes from its checkpoints %s at epoch %d', self.job_name,
                          {c.name: c.sequence_id for c in self.controllers}, first)
         return first
+
+    def _start_without_regions(self) -> None:
+        """The run's state goes to --checkpoint_store when given (under the run's own
+        prefix, deleted at the end: a store every host of a cluster reaches), else to a
+        temporary directory of this host."""
+        settings = self.settings
+        if settings is not None and settings.store_url is not None:
+            self.store = store_from_url(settings.store_url.reveal(),
+                                        hmac_key_env=settings.hmac_key_env)
+            self.store.check()
+            self.state_prefix = f'runs/{self.store_id}/'
+        else:
+            self._temporary = tempfile.mkdtemp(prefix=f'{self.store_id}-state-')
+            self.store = LocalDirectoryStore(self._temporary)
+        mark_run(self.store, self.state_prefix, self.store_id)
 
     def before_epoch(self, epoch: int) -> None:
         """Reserves epoch numbers, so a later driver of the job never reuses one."""
@@ -171,5 +192,8 @@ class Checkpointing:
         finally:
             if self._temporary is not None:
                 shutil.rmtree(self._temporary, ignore_errors=True)
+            elif not self.enabled and self.state_prefix:
+                for entry in self.store.entries(prefix=self.state_prefix):
+                    self.store.delete_entry(entry)
             elif finished and self._ledger is not None:
                 self._ledger.delete_job()

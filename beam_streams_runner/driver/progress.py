@@ -159,6 +159,9 @@ class EpochProgress:
         for report in reports.values():
             for (_, name), count in report.sizes.items():
                 sizes[name] += count
+        loads: dict[str, int] = collections.Counter()
+        for report in reports.values():
+            loads.update(report.state_loads)
         record = {
             'epoch': epoch,
             'timestamp': Timestamp(micros=int(started * 1e6)).to_rfc3339(),
@@ -173,6 +176,8 @@ class EpochProgress:
             'keyed_states': sizes['keyed_states'],
             'timers': sizes['timers'],
             'state_bytes_written': sum(r.state_bytes for r in reports.values()),
+            'state_loads': dict(loads),
+            'hosts': sorted({r.host for r in reports.values() if r.host}),
         }
         with self._lock:
             self._records.append(record)
@@ -217,4 +222,11 @@ def summary(record: Mapping) -> str:
                      f" at {mark['stage'][:60]}")
     parts.append(f"{record['keyed_states']} keyed states, {record['timers']} timers, "
                  f"{record['state_bytes_written']} state bytes written")
+    loads = record.get('state_loads') or {}
+    from_store = loads.get('catch-up', 0) + loads.get('snapshot', 0)
+    if from_store:
+        # Tasks that ran away from their partition's live state (another worker or host).
+        parts.append(f'{from_store} of {sum(loads.values())} state loads from the store')
+    if len(record.get('hosts') or ()) > 1:
+        parts.append('on hosts ' + ', '.join(record['hosts']))
     return '; '.join(parts)

@@ -1,7 +1,10 @@
 """Get the SparkSession a pipeline runs on: the active one, or a new one from the options.
 
 An active SparkSession (or SparkContext) in the process is reused as it is, so
-a pipeline launched from a notebook or from `spark-submit` runs on that Spark.
+a pipeline launched from a notebook runs on that Spark. Under `spark-submit`
+(client mode) the JVM is up but no session yet: the session started here takes
+spark-submit's `--master` and configuration, unless `--spark_master` names another
+master (a setting in the program wins, as in Spark).
 Otherwise a session is started from `StreamsSparkOptions`, after checking that
 a Java PySpark supports is there and, for a `spark://` master, that the master
 answers, so that both mistakes fail fast with a message saying what to do.
@@ -13,6 +16,7 @@ the driver's).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -24,6 +28,7 @@ from beam_streams_runner.driver.worker_python import (
     worker_python,
 )
 from beam_streams_runner.options import (
+    DEFAULT_SPARK_MASTER,
     StreamsSparkOptions,
     configured_parallelism,
     parse_spark_conf,
@@ -88,6 +93,16 @@ def check_master_reachable(master: str, timeout_s: float = MASTER_CONNECT_TIMEOU
         'locally with --spark_master=local[*].')
 
 
+def _spark_submit_master() -> str | None:
+    """The master `spark-submit --master` gave, when this program runs under spark-submit
+    (which starts the JVM first and hands its gateway to Python), else None."""
+    if not os.environ.get('PYSPARK_GATEWAY_PORT'):
+        return None
+    from pyspark import SparkConf, SparkContext
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM, whose conf it is
+    return SparkConf().get('spark.master', None)
+
+
 def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSession:
     """The active SparkSession if there is one, else a new one built from `options`."""
     from pyspark import SparkContext
@@ -101,7 +116,10 @@ def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSes
         return SparkSession.builder.getOrCreate()
 
     options = options.view_as(StreamsSparkOptions)
-    master = (options.spark_master or 'local[*]').strip()
+    master = (options.spark_master or DEFAULT_SPARK_MASTER).strip()
+    submitted = _spark_submit_master()
+    if submitted and master == DEFAULT_SPARK_MASTER:
+        master = submitted  # spark-submit --master, unless --spark_master says otherwise
     conf = dict(_DEFAULT_CONF)
     parallelism = configured_parallelism(options)
     if parallelism is not None:

@@ -69,6 +69,10 @@ class PartitionReport(NamedTuple):
     revision: Revision | None = None
     checkpoint_requested: bool = False
     unpublished: int = 0  # chunks a publish gate keeps for a consistent cut
+    # Where the task ran, and how it loaded its state: kind ('hit': live in this process,
+    # 'catch-up' and 'snapshot': from the store, 'initial') -> backends.
+    host: str = ''
+    state_loads: dict[str, int] = {}  # noqa: RUF012 - never mutated (tasks pass their own)
 
 
 class ReportsAccumulator(AccumulatorParam):

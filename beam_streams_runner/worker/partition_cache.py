@@ -35,10 +35,14 @@ used last.
 
 from __future__ import annotations
 
+import collections
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
+from beam_streams_runner.errors import StoreNotSharedError
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.versioned_state import (
     Revision,
@@ -49,6 +53,48 @@ from beam_streams_runner.stores.base import CheckpointStore
 
 SNAPSHOT_EVERY = 20
 CACHED_STORES = 4
+# The driver's mark in the store of a run (`mark_run`): a task that does not find it
+# is looking at another store than the driver's (a directory local to another host).
+RUN_MARK_ENTRY = 'driver'
+RUN_MARK_KEY = b'run'
+# For the cluster tests: set in the workers' environment, every partition's state moves
+# after each task, as if its next task ran on another host: the process keeps nothing,
+# so every load of a revision catches up from the store.
+STATE_MOVES_ENV = 'BEAM_STREAMS_RUNNER_STATE_MOVES'
+
+
+def worker_host() -> str:
+    """The host this worker runs on, as Spark names it (a local cluster's workers each
+    have an address of their own)."""
+    return os.environ.get('SPARK_LOCAL_IP') or socket.gethostname()
+
+
+def mark_run(store: CheckpointStore, state_prefix: str, store_id: str) -> None:
+    """The driver marks the store its run's state goes to, before any task runs."""
+    entry = f'{state_prefix}{RUN_MARK_ENTRY}'
+    if not store.entry_exists(entry):
+        store.create_entry(entry)
+    store.put(entry, RUN_MARK_KEY, store_id.encode())
+
+
+_MARKS_SEEN: set[str] = set()
+
+
+def check_run_mark(store: CheckpointStore, state_prefix: str, store_id: str) -> None:
+    """Raises StoreNotSharedError when the driver's mark of run `store_id` is not in
+    `store` as this process sees it (looked for once per process and run)."""
+    if store_id in _MARKS_SEEN:
+        return
+    if store.get(f'{state_prefix}{RUN_MARK_ENTRY}', RUN_MARK_KEY) == store_id.encode():
+        _MARKS_SEEN.add(store_id)
+        return
+    host = worker_host()
+    raise StoreNotSharedError(
+        f'The keyed state of this run is kept in {store!r}, which the driver wrote to but '
+        f'this task, on host {host}, does not see: the state of a streaming run must be in '
+        'a store that every host of the cluster reaches. Give '
+        '--checkpoint_store=redis://host:port/db (or a directory that every host mounts '
+        'at the same path).')
 
 
 class PartitionStateCache:
@@ -75,11 +121,14 @@ class PartitionStateCache:
 
     @classmethod
     def load(cls, store: CheckpointStore, store_id: str, name: str, base: Revision,
-             create: Callable[[], KeyedStateBackend]) -> KeyedStateBackend:
+             create: Callable[[], KeyedStateBackend],
+             kinds: collections.Counter | None = None) -> KeyedStateBackend:
         """The backend of partition `name` at revision `base` (INITIAL_REVISION: the
-        initial state)."""
+        initial state); `kinds` counts how it was loaded (see `VersionedStateCache.load`)."""
         cache = cls.cache(store, store_id)
         state, kind = cache.load(name, base)
+        if kinds is not None:
+            kinds[kind] += 1
         if kind == 'hit':
             live = cache.attached(name, base)
             if live is not None:
@@ -101,6 +150,8 @@ class PartitionStateCache:
         revision = as_revision(revision)
         dirty, deleted = backend.take_delta()
         cache.commit(name, revision, dirty, deleted, parent=parent, keep=keep)
-        if cache.cached_revision(name) == revision:
+        if os.environ.get(STATE_MOVES_ENV):
+            cache.drop(name)
+        elif cache.cached_revision(name) == revision:
             cache.attach(name, revision, backend)
         return sum(len(k) + len(v) for k, v in dirty.items()) + sum(len(k) for k in deleted)

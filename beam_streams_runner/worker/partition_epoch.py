@@ -29,6 +29,7 @@ every task of a stage partition is a `PartitionEpoch`:
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -57,7 +58,11 @@ from beam_streams_runner.worker.epoch_info import (
     PartitionReport,
     SideInputsView,
 )
-from beam_streams_runner.worker.partition_cache import PartitionStateCache
+from beam_streams_runner.worker.partition_cache import (
+    PartitionStateCache,
+    check_run_mark,
+    worker_host,
+)
 from beam_streams_runner.worker.watermarks import PartitionWatermarks
 from beam_streams_runner.worker.worker_plan import WorkerPlan
 
@@ -83,6 +88,7 @@ class PartitionEpoch:
         self._source = ReadInEpochs(epoch.bundle_time_ms)
         self._element_counts: dict[str, int] = {}
         self._backends: dict[str, KeyedStateBackend] = {}
+        self._state_loads: collections.Counter = collections.Counter()
         self._read_s = 0.0
         self._reading = 0
         self._report: PartitionReport | None = None
@@ -127,9 +133,10 @@ class PartitionEpoch:
     def _load(self, part: str, codec=PICKLE_CODEC) -> KeyedStateBackend:
         name = self._entry(part)
         epoch = self._epoch
+        check_run_mark(epoch.store, epoch.state_prefix, epoch.store_id)
         backend = PartitionStateCache.load(
             epoch.store, epoch.store_id, name, self._base,
-            lambda: KeyedStateBackend(codec, track_changes=True))
+            lambda: KeyedStateBackend(codec, track_changes=True), self._state_loads)
         self._backends[name] = backend
         return backend
 
@@ -203,7 +210,8 @@ class PartitionEpoch:
                               if self.grouping is not None else None) if t is not None]
         self._report = PartitionReport(
             output, self._source.residuals, min(timers) if timers else None, self._sizes(),
-            self._read_s, self._reading, self._element_counts, unpublished=unpublished)
+            self._read_s, self._reading, self._element_counts, unpublished=unpublished,
+            host=worker_host(), state_loads=dict(self._state_loads))
 
     def _sizes(self) -> dict[tuple[str, str], int]:
         """What the partition holds: the runner's gauges (see `metrics.RUNNER_NAMESPACE`)."""

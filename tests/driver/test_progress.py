@@ -27,7 +27,7 @@ from tests.conftest import WriteLines
 pytestmark = pytest.mark.timeout(600)
 
 KEYS = {'epoch', 'timestamp', 'duration_ms', 'read_ms', 'read_budget_ms', 'sources', 'sinks',
-        'watermark', 'keyed_states', 'timers', 'state_bytes_written'}
+        'watermark', 'keyed_states', 'timers', 'state_bytes_written', 'state_loads', 'hosts'}
 
 
 class _Tee(beam.PTransform):
@@ -103,6 +103,23 @@ def test_records_sum_the_partitions_and_only_the_last_are_kept():
     assert line.startswith(f'epoch {PROGRESS_KEPT + 29}: 500 ms (read 250 ms); read Read 7 ')
     assert progress.job_description(PROGRESS_KEPT + 30) == (
         f'Beam streaming epoch {PROGRESS_KEPT + 30} | after {line}')
+
+
+def test_state_loads_from_the_store_and_hosts_are_reported():
+    """Tasks away from their partition's live state load it from the store: the line
+    says how many, and which hosts an epoch's tasks ran on when there were several."""
+    progress = EpochProgress([_Stage('s0')], None)
+    reports = {('s0', 0): _report({})._replace(host='127.0.0.2', state_loads={'hit': 2}),
+               ('s0', 1): _report({})._replace(host='127.0.0.3',
+                                               state_loads={'catch-up': 1, 'snapshot': 1})}
+    record = progress.add(3, 1_000.0, 0.5, reports, read_budget_ms=250)
+    assert record['state_loads'] == {'hit': 2, 'catch-up': 1, 'snapshot': 1}
+    assert record['hosts'] == ['127.0.0.2', '127.0.0.3']
+    assert summary(record).endswith(
+        '; 2 of 4 state loads from the store; on hosts 127.0.0.2, 127.0.0.3')
+    one_host = {k: r._replace(host='vm', state_loads={'hit': 1}) for k, r in reports.items()}
+    line = summary(progress.add(4, 1_001.0, 0.5, one_host, read_budget_ms=250))
+    assert 'state loads' not in line and 'on hosts' not in line
 
 
 def test_progress_of_a_streaming_run(tmp_path, spark_session):

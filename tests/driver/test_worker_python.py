@@ -195,8 +195,9 @@ def workers_on_python3(monkeypatch):
 
 def test_daemon_that_cannot_find_the_runner(workers_on_python3):
     message = str(worker_python_error(_DAEMON_WITHOUT_MODULE))
-    assert ("python3 (/usr/bin/python3.11) cannot import beam_streams_runner "
-            "(No module named 'beam_streams_runner')") in message
+    # On a cluster the message names the executor and its host (from "Lost task ...").
+    assert ("python3 (/usr/bin/python3.11) on executor 1 of host 10.0.0.7 cannot import "
+            "beam_streams_runner (No module named 'beam_streams_runner')") in message
     assert all(fix in message for fix in FIX) and 'org.apache' not in message
 
 

@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import apache_beam as beam
 from apache_beam.io import fileio
@@ -185,16 +186,18 @@ def crashing_write_to_redis(url: str, key_prefix: str, fault: Fault, driver_pid:
     return write
 
 
-class StoreFault(threading.Thread):
+class AfterFirstCut(threading.Thread):
     """Once job `job` has a consistent cut in `region` (its `latest` pointer in database
-    `db` of `server`), `action` the server: 'kill' (SIGKILL, then started again on the
-    same port and directory `down_s` seconds later: the AOF reloads) or 'pause'
-    (SIGSTOP, SIGCONT `down_s` seconds later). `stop` ends the wait early."""
+    `db` of the redis-server `server` holding its checkpoints), `fault()`; `down_s`
+    seconds later (or when `stop` is set), `restore()`. `stop` also ends the wait for
+    the cut early."""
 
-    def __init__(self, server, job: str, action: str, down_s: float, db: int = 0,
-                 region: str = 'default', deadline_s: float = 120) -> None:
+    def __init__(self, server, job: str, fault: Callable[[], object],
+                 restore: Callable[[], object] | None = None, down_s: float = 0.0,
+                 db: int = 0, region: str = 'default', deadline_s: float = 120) -> None:
         super().__init__(daemon=True)
-        self.server, self.job, self.action, self.down_s = server, job, action, down_s
+        self.server, self.job, self.down_s = server, job, down_s
+        self._fault, self._restore = fault, restore
         self.db, self.region = db, region
         self.deadline = time.monotonic() + deadline_s
         self.faulted_at: float | None = None
@@ -206,20 +209,14 @@ class StoreFault(threading.Thread):
         try:
             if not self._wait_for_a_cut():
                 return
-            if self.action == 'kill':
-                self.server.kill()
-            else:
-                self.server.pause()
+            self._fault()
             self.faulted_at = time.monotonic()
             self.stop.wait(self.down_s)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
         finally:
-            if self.faulted_at is not None:
-                if self.action == 'kill':
-                    self.server.start()
-                else:
-                    self.server.resume()
+            if self.faulted_at is not None and self._restore is not None:
+                self._restore()
                 self.restored_at = time.monotonic()
 
     def _wait_for_a_cut(self) -> bool:
@@ -232,6 +229,19 @@ class StoreFault(threading.Thread):
             return True
         finally:
             client.close()
+
+
+class StoreFault(AfterFirstCut):
+    """The checkpoint store's own fault, once the job has a consistent cut: `action`
+    'kill' (SIGKILL, then started again on the same port and directory `down_s` seconds
+    later: the AOF reloads) or 'pause' (SIGSTOP, SIGCONT `down_s` seconds later)."""
+
+    def __init__(self, server, job: str, action: str, down_s: float, db: int = 0,
+                 region: str = 'default', deadline_s: float = 120) -> None:
+        fault, restore = ((server.kill, server.start) if action == 'kill'
+                          else (server.pause, server.resume))
+        super().__init__(server, job, fault, restore, down_s, db, region, deadline_s)
+        self.action = action
 
 
 if __name__ != '__main__':

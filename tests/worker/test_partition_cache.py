@@ -11,6 +11,7 @@ backend, the bound on stores cached and the size of what a commit writes.
 
 from __future__ import annotations
 
+import collections
 import random
 import shutil
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from beam_streams_runner.errors import StoreNotSharedError
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.versioned_state import (
     INITIAL_REVISION,
@@ -317,3 +319,36 @@ def test_random_workers_failures_retries_and_resets_against_a_model(seed, snapsh
                 base = cut  # a failure: reset to the last cut
     finally:
         partition_cache.SNAPSHOT_EVERY, PartitionStateCache._caches = saved
+
+
+def test_state_moves_make_every_load_come_from_the_store(run, processes, monkeypatch):
+    """With the cluster tests' knob set, a worker keeps nothing it committed: its next
+    task of the partition loads the state from the store, as one on another host."""
+    monkeypatch.setenv(partition_cache.STATE_MOVES_ENV, '1')
+    kinds = collections.Counter()
+    backend = None
+    for epoch in range(4):
+        parent = Revision(epoch - 1) if epoch else INITIAL_REVISION
+        loaded = PartitionStateCache.load(run.store, run.id, NAME, parent, DictBackend, kinds)
+        assert loaded is not backend
+        write(loaded, {f'k{epoch}'.encode(): b'v'})
+        run.commit(Revision(epoch), parent, loaded)
+        backend = loaded
+    assert backend.values == {b'k0': b'v', b'k1': b'v', b'k2': b'v', b'k3': b'v'}
+    assert kinds == {'initial': 1, 'snapshot': 3}
+
+
+def test_a_task_that_does_not_see_the_drivers_store_fails_clearly(tmp_path, monkeypatch):
+    """The driver marks the run's store; a worker whose store is another directory (a
+    directory local to another host) refuses to run on it."""
+    monkeypatch.setattr(partition_cache, '_MARKS_SEEN', set())
+    driver_side = LocalDirectoryStore(str(tmp_path / 'driver-host'))
+    partition_cache.mark_run(driver_side, 'runs/r1/', 'r1')
+    partition_cache.check_run_mark(driver_side, 'runs/r1/', 'r1')  # the same store: fine
+    monkeypatch.setenv('SPARK_LOCAL_IP', '127.0.0.3')
+    other_host = LocalDirectoryStore(str(tmp_path / 'other-host'))
+    with pytest.raises(StoreNotSharedError, match=r'on host 127\.0\.0\.3.*redis://'):
+        partition_cache.check_run_mark(other_host, 'runs/r2/', 'r2')
+    partition_cache.mark_run(other_host, 'runs/r2/', 'r1')  # another run's mark
+    with pytest.raises(StoreNotSharedError):
+        partition_cache.check_run_mark(other_host, 'runs/r2/', 'r2')
