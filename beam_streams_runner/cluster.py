@@ -43,7 +43,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
-from beam_streams_runner.checkpoint_options import DEFAULT_RUNNER_HOME, RUNNER_HOME_ENV
+from beam_streams_runner.regions.commit_records import runner_home
 
 __all__ = ['ClusterError', 'LocalCluster', 'main', 'processes_under']
 
@@ -63,8 +63,7 @@ class ClusterError(RuntimeError):
 
 
 def default_directory() -> str:
-    home = os.environ.get(RUNNER_HOME_ENV) or DEFAULT_RUNNER_HOME
-    return os.path.join(os.path.abspath(os.path.expanduser(home)), 'cluster')
+    return os.path.join(os.path.abspath(runner_home()), 'cluster')
 
 
 def spark_home() -> str:

@@ -27,6 +27,7 @@ from beam_streams_runner.errors import (
     StoreNotSharedError,
     WorkerPythonError,
 )
+from beam_streams_runner.option_types import SecretUrl
 from beam_streams_runner.regions.commit_records import (
     CheckpointLedger,
     CheckpointStateError,
@@ -105,8 +106,7 @@ class Checkpointing:
             return 0
         settings = self.settings
         url = settings.store_url_for(self.job_name)
-        self.store = store_from_url(url.reveal(), hmac_key_env=settings.hmac_key_env)
-        self.store.check()  # an unreachable store fails before any Spark job
+        self._open_store(url)
         label = url.redacted
         ledger = self._ledger = CheckpointLedger(self.store, self.job_name, label)
         self.state_prefix = ledger.state_prefix
@@ -130,15 +130,17 @@ class Checkpointing:
                          {c.name: c.sequence_id for c in self.controllers}, first)
         return first
 
+    def _open_store(self, url: SecretUrl) -> None:
+        self.store = store_from_url(url.reveal(), hmac_key_env=self.settings.hmac_key_env)
+        self.store.check()  # an unreachable store fails before any Spark job
+
     def _start_without_regions(self) -> None:
         """The run's state goes to --checkpoint_store when given (under the run's own
         prefix, deleted at the end: a store every host of a cluster reaches), else to a
         temporary directory of this host."""
         settings = self.settings
         if settings is not None and settings.store_url is not None:
-            self.store = store_from_url(settings.store_url.reveal(),
-                                        hmac_key_env=settings.hmac_key_env)
-            self.store.check()
+            self._open_store(settings.store_url)
             self.state_prefix = f'runs/{self.store_id}/'
         else:
             self._temporary = tempfile.mkdtemp(prefix=f'{self.store_id}-state-')

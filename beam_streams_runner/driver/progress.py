@@ -156,11 +156,10 @@ class EpochProgress:
                     'processed_rate_per_s': _rate(count, duration_s)}
 
         sizes: dict[str, int] = collections.Counter()
+        loads: dict[str, int] = collections.Counter()
         for report in reports.values():
             for (_, name), count in report.sizes.items():
                 sizes[name] += count
-        loads: dict[str, int] = collections.Counter()
-        for report in reports.values():
             loads.update(report.state_loads)
         record = {
             'epoch': epoch,
