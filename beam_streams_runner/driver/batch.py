@@ -50,7 +50,8 @@ class BatchDriver:
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self._on_progress = on_progress or (lambda message: None)
-        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
+        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions,
+                                        master=sc.master)
         self._stage_rdds: dict[str, RDD] = {}
         self._side_chunks: dict[bytes, list[bytes]] = {}
         self._uses = count_uses(plan)

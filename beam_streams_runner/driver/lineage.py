@@ -89,8 +89,12 @@ def reshuffled(buffer: RDD, stage: StagePlan, num_partitions: int,
 
 
 def worker_plan(plan: PipelinePlan, run_id: str, bundle_size: int,
-                num_partitions: int) -> WorkerPlan:
-    """What every task of a run needs, broadcast once (batch and streaming)."""
+                num_partitions: int, master: str = 'local') -> WorkerPlan:
+    """What every task of a run needs, broadcast once (batch and streaming).
+
+    Only a local master's workers get the driver's import path: on a cluster the
+    driver's directories mean nothing on other hosts (and on a shared filesystem
+    would hide a module missing from `spark.submit.pyFiles` until the job moves)."""
     return WorkerPlan(
         run_id=run_id,
         components=plan.components,
@@ -98,7 +102,7 @@ def worker_plan(plan: PipelinePlan, run_id: str, bundle_size: int,
         groupings=groupings(plan),
         bundle_size=bundle_size,
         num_partitions=num_partitions,
-        driver_sys_path=tuple(p for p in sys.path if p))
+        driver_sys_path=tuple(p for p in sys.path if p) if master.startswith('local') else ())
 
 
 def count_uses(plan: PipelinePlan) -> dict[str, int]:

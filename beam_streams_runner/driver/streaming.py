@@ -133,7 +133,8 @@ class StreamingDriver:
         self.reports = sc.accumulator({}, ReportsAccumulator())
         self._on_progress = on_progress or (lambda message: None)
         self.progress = EpochProgress(plan.stages, endpoints)
-        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions)
+        self._worker_plan = worker_plan(plan, self.run_id, bundle_size, self.num_partitions,
+                                        master=sc.master)
         self._uses = count_uses(plan)
         self.epochs = 0
         # What the driver keeps between epochs, each a consistent-region member.

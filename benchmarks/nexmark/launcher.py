@@ -46,7 +46,7 @@ from benchmarks.nexmark.native import (
     run_native_flink,
 )
 from benchmarks.nexmark.report import Row, format_table, make_row, write_report
-from benchmarks.nexmark.runs import cached_run, run_one, run_subprocess
+from benchmarks.nexmark.runs import cached_run, run_one, run_subprocess, ship_benchmarks
 from benchmarks.nexmark.verdicts import RunResult, equality_verdict
 
 ALL_QUERIES = tuple(range(13))
@@ -281,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sub in ('outputs', 'logs'):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
 
+    runner_args = ship_benchmarks(runner_args, out_dir)
     plan = plan_runs(args, queries, runner_args)
     runs: dict[RunSpec, tuple[RunResult, bool]] = {}
     for i, spec in enumerate(plan, 1):

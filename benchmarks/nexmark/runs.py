@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -223,6 +224,25 @@ def run_subprocess(query: int, runner: str, config_args: Sequence[str],
 
 
 # ---------------------------------------------------------------- reference cache
+
+
+def ship_benchmarks(runner_args: Sequence[str], out_dir: str) -> list[str]:
+    """`runner_args` with this package shipped to a cluster's executors the PySpark way
+    (a zip of `benchmarks/` added to `spark.submit.pyFiles`): the queries' sources and
+    output capture are functions of this package, which executors on other hosts lack.
+    A local master's workers import it from the driver's path and need nothing."""
+    masters = [a.partition('=')[2] for a in runner_args if a.startswith('--spark_master=')]
+    if not masters or masters[-1].startswith('local'):
+        return list(runner_args)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = os.path.join(out_dir, 'benchmarks.zip')
+    with zipfile.ZipFile(archive, 'w', zipfile.ZIP_DEFLATED) as zipped:
+        for path in glob.glob(os.path.join(package, '**', '*.py'), recursive=True):
+            zipped.write(path, os.path.relpath(path, os.path.dirname(package)))
+    given = [a.partition('=')[2].partition('=')[2] for a in runner_args
+             if a.startswith('--spark_conf=spark.submit.pyFiles=')]
+    files = ','.join([*given, archive])
+    return [*runner_args, f'--spark_conf=spark.submit.pyFiles={files}']
 
 
 def reference_cache_dir() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+import zipfile
 
 import pytest
 from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Bid
@@ -228,3 +229,17 @@ def test_q10_is_captured_by_the_log_files_it_writes(tmp_path):
     assert result.output_count == 200
     assert all(line.endswith('\tLOG pane ON_TIME') for line in result.lines)
     assert sum(line.startswith('Bid(') for line in result.lines) == 184
+
+
+def test_a_cluster_master_gets_the_benchmarks_package_as_py_files(tmp_path):
+    local = ['--spark_master=local[2]', '--bundle_size=10']
+    assert runs.ship_benchmarks(local, str(tmp_path)) == local
+    assert runs.ship_benchmarks(['--bundle_size=10'], str(tmp_path)) == ['--bundle_size=10']
+    shipped = runs.ship_benchmarks(['--spark_master=spark://127.0.0.1:7077',
+                               '--spark_conf=spark.submit.pyFiles=/a/mine.py'], str(tmp_path))
+    archive = str(tmp_path / 'benchmarks.zip')
+    assert shipped[-1] == f'--spark_conf=spark.submit.pyFiles=/a/mine.py,{archive}'
+    with zipfile.ZipFile(archive) as zipped:
+        names = set(zipped.namelist())
+    assert {'benchmarks/__init__.py', 'benchmarks/nexmark/runs.py'} <= names
+    assert all(name.endswith('.py') for name in names)

@@ -172,7 +172,11 @@ def pipeline_flags(spec: Spec) -> list[str]:
 
 def runner_flags(job: str, store: str, *, period_s: float = 0.5, mode: str = 'blocking',
                  master: str = 'local[2,4]', extra: Sequence[str] = ()) -> list[str]:
-    return ['--streaming', f'--spark_master={master}', f'--job_name={job}',
+    # On a cluster the executors import the tests' pipelines the way a user's modules
+    # reach them: from a path given to the executors (the driver's is not theirs).
+    shipped = () if master.startswith('local') else (
+        f'--spark_conf=spark.executorEnv.PYTHONPATH={REPO}',)
+    return ['--streaming', f'--spark_master={master}', f'--job_name={job}', *shipped,
             f'--checkpoint_store={store}', f'--checkpoint_period_s={period_s}',
             f'--checkpoint_mode={mode}', '--target_latency_ms=300', '--bundle_size=50',
             *extra]
