@@ -31,7 +31,9 @@ attempt (2 big-endian bytes); both are written with `put_chunked`. A delta
 records its *chain*: the revisions from its parent back to its base, the
 nearest ancestor with a snapshot (or the initial state), so one read of a delta
 says what else a load of it needs. When a chain reaches `snapshot_every`
-revisions, the commit also writes a snapshot and collects what no load needs:
+revisions (and, with a `snapshot_bytes_ratio`, its deltas hold that many times the
+state's bytes; or in any case at `max_chain` revisions), the commit also writes a
+snapshot and collects what no load needs:
 the commit's revision, its parent (a retried task reloads it) and the revisions
 the caller keeps (the driver's retained cuts) stay loadable with their chains;
 other deltas and snapshots older than the commit go (aborted lineages, failed
@@ -102,11 +104,23 @@ class VersionedStateCache:
     worker at a time, so it is never contended in practice.
     """
 
-    def __init__(self, store: CheckpointStore, snapshot_every: int = 20) -> None:
+    def __init__(self, store: CheckpointStore, snapshot_every: int = 20,
+                 snapshot_bytes_ratio: float = 0.0, max_chain: int | None = None) -> None:
+        """A snapshot is written when a chain reaches a multiple of `snapshot_every`
+        revisions and its deltas hold at least `snapshot_bytes_ratio` times the bytes
+        of the state (0: always), and at `max_chain` revisions (default: ten times
+        `snapshot_every`) whatever the bytes. A snapshot is compaction: it bounds what
+        a full load reads, and rewrites the whole state to do it, so a large state that
+        changes little is better loaded from its deltas."""
         if snapshot_every < 1:
             raise ValueError(f'snapshot_every must be at least 1, got {snapshot_every}')
+        if snapshot_bytes_ratio < 0:
+            raise ValueError('snapshot_bytes_ratio must not be negative, got '
+                             f'{snapshot_bytes_ratio}')
         self.store = store
         self.snapshot_every = snapshot_every
+        self.snapshot_bytes_ratio = snapshot_bytes_ratio
+        self.max_chain = max(snapshot_every, max_chain or 10 * snapshot_every)
         self._cache: dict[str, _Cached] = {}
         self._created: set[str] = set()
         self._counts = dict.fromkeys(LOAD_KINDS, 0)
@@ -137,7 +151,7 @@ class VersionedStateCache:
         with self._lock:
             cached = self._cache.get(entry)
             if target == INITIAL_REVISION:
-                kind, cached = 'initial', _Cached(target, {}, [], None)
+                kind, cached = 'initial', _Cached(target, {}, [], None, 0)
             elif cached is not None and cached.revision == target:
                 kind = 'hit'
             else:
@@ -160,28 +174,31 @@ class VersionedStateCache:
             if payload is not None:  # else collected since listed: try the delta
                 self._bytes_read += len(payload)
                 _, state, _ = _decode(payload, _SNAPSHOT, target, entry)
-                return 'snapshot', _Cached(target, state, [], None)
+                return 'snapshot', _Cached(target, state, [], None, 0)
         payload = self.store.get_chunked(entry, _key(_DELTA, target))
         if payload is None:
             raise MissingStateError(self._gap_message(entry, target, None))
         chain, pairs, deleted = _decode(payload, _DELTA, target, entry)
-        found = _Cached(target, {}, chain, chain[0])
+        found = _Cached(target, {}, chain, chain[0], None)
         if cached is not None and cached.revision in chain:
             # The deltas after the cached revision, oldest first.
             missed = self._read_deltas(entry, chain[:chain.index(cached.revision)])
             if missed is not None:
                 found.state = cached.state
-                self._apply_all(found.state, [*missed, (pairs, deleted)], len(payload))
+                if cached.chain_bytes is not None:  # the same base: its chain is ours
+                    found.chain_bytes = cached.chain_bytes + missed[1] + len(payload)
+                self._apply_all(found.state, [*missed[0], (pairs, deleted)], len(payload))
                 return 'catch-up', found
             # Some were collected after a newer snapshot: start from the chain's base.
-        found.state = self._rebuild(entry, target, chain, snapshots)
+        found.state, chain_bytes = self._rebuild(entry, target, chain, snapshots)
+        found.chain_bytes = chain_bytes + len(payload)
         self._apply_all(found.state, [(pairs, deleted)], len(payload))
         return 'snapshot', found
 
     def _rebuild(self, entry: str, target: Revision, chain: list[Revision],
-                 snapshots: set[Revision]) -> dict[bytes, bytes]:
+                 snapshots: set[Revision]) -> tuple[dict[bytes, bytes], int]:
         """The state at `chain[0]` (the parent of `target`): the nearest snapshot on
-        the chain (or the initial state) plus the deltas after it."""
+        the chain (or the initial state) plus the deltas after it; and their bytes."""
         for depth, ancestor in enumerate(chain):
             if ancestor == INITIAL_REVISION:
                 state: dict[bytes, bytes] = {}
@@ -196,22 +213,25 @@ class VersionedStateCache:
             deltas = self._read_deltas(entry, chain[:depth])
             if deltas is None:
                 break
-            self._apply_all(state, deltas, 0)
-            return state
+            self._apply_all(state, deltas[0], 0)
+            return state, deltas[1]
         raise MissingStateError(self._gap_message(entry, target, chain))
 
     def _read_deltas(self, entry: str, newest_first: list[Revision]
-                     ) -> list[tuple[dict[bytes, bytes], list[bytes]]] | None:
-        """The changes of these deltas, oldest first, or None if one is missing (all are
-        read before any is applied, so a gap leaves the state unchanged)."""
+                     ) -> tuple[list[tuple[dict[bytes, bytes], list[bytes]]], int] | None:
+        """The changes of these deltas, oldest first, and their payloads' bytes; or None
+        if one is missing (all are read before any is applied, so a gap leaves the
+        state unchanged)."""
         deltas = []
+        size = 0
         for revision in reversed(newest_first):
             payload = self.store.get_chunked(entry, _key(_DELTA, revision))
             if payload is None:
                 return None
-            self._bytes_read += len(payload)
+            size += len(payload)
             deltas.append(_decode(payload, _DELTA, revision, entry)[1:])
-        return deltas
+        self._bytes_read += size
+        return deltas, size
 
     def _apply_all(self, state: dict[bytes, bytes],
                    deltas: list[tuple[dict[bytes, bytes], list[bytes]]],
@@ -280,10 +300,10 @@ class VersionedStateCache:
                     self._created.add(entry)
                 cached = self._cache.get(entry)
                 chain = [parent, *self._lineage(entry, parent, cached)]
-                self.store.put_chunked(entry, _key(_DELTA, revision),
-                                       _encode(_DELTA, revision, chain, dirty, deleted))
-                self._advance(entry, cached, revision, chain, dirty, deleted)
-                if len(chain) >= self.snapshot_every:
+                payload = _encode(_DELTA, revision, chain, dirty, deleted)
+                self.store.put_chunked(entry, _key(_DELTA, revision), payload)
+                self._advance(entry, cached, revision, chain, dirty, deleted, len(payload))
+                if self._wants_snapshot(entry, revision, chain):
                     self._snapshot(entry, revision, chain, keep)
         except BaseException:
             self.drop(entry)
@@ -305,18 +325,35 @@ class VersionedStateCache:
 
     def _advance(self, entry: str, cached: _Cached | None, revision: Revision,
                  chain: list[Revision], dirty: Mapping[bytes, bytes],
-                 deleted: list[bytes]) -> None:
+                 deleted: list[bytes], size: int) -> None:
         """Moves the cache entry to `revision` if it holds the parent (or `revision`
-        itself, committed on the same parent: a retry applies the same changes again)."""
+        itself, committed on the same parent: a retry applies the same changes again).
+        `size`: the bytes of the delta's payload."""
         if cached is None:
             return
         parent = chain[0]
         if cached.revision == parent or (cached.revision, cached.parent) == (revision, parent):
+            chain_bytes = cached.chain_bytes
+            if cached.revision == parent and chain_bytes is not None:
+                chain_bytes += size
             _apply(cached.state, dirty, deleted)
-            self._cache[entry] = _Cached(revision, cached.state, chain, parent)  # detached
+            self._cache[entry] = _Cached(revision, cached.state, chain, parent,  # detached
+                                         chain_bytes)
         elif cached.revision == revision:
             self.drop(entry)  # on another parent: the changes do not apply to it
         # Else the entry holds another revision, still valid as it is.
+
+    def _wants_snapshot(self, entry: str, revision: Revision, chain: list[Revision]) -> bool:
+        if len(chain) >= self.max_chain:
+            return True
+        if len(chain) < self.snapshot_every or not self.snapshot_bytes_ratio:
+            return len(chain) >= self.snapshot_every
+        if len(chain) % self.snapshot_every:
+            return False
+        cached = self._cache.get(entry)
+        if cached is None or cached.revision != revision or cached.chain_bytes is None:
+            return False  # judged again at max_chain
+        return cached.chain_bytes >= self.snapshot_bytes_ratio * _state_bytes(cached.state)
 
     def _snapshot(self, entry: str, revision: Revision, chain: list[Revision],
                   keep: Iterable[Revision]) -> None:
@@ -327,6 +364,7 @@ class VersionedStateCache:
         self.store.put_chunked(entry, _key(_SNAPSHOT, revision),
                                _encode(_SNAPSHOT, revision, [], cached.state, ()))
         cached.chain = []
+        cached.chain_bytes = 0
         self._collect(entry, revision, chain, keep)
 
     def _collect(self, entry: str, revision: Revision, chain: list[Revision],
@@ -401,16 +439,19 @@ class VersionedStateCache:
 
 class _Cached:
     """A cache entry: `chain` is what a child's chain extends ([] when `revision` has a
-    snapshot); `parent` is known when the entry came from a delta, else None."""
+    snapshot); `parent` is known when the entry came from a delta, else None;
+    `chain_bytes`, when known, the bytes of the deltas a full load of `revision` reads
+    after its base."""
 
-    __slots__ = ('attached', 'chain', 'parent', 'revision', 'state')
+    __slots__ = ('attached', 'chain', 'chain_bytes', 'parent', 'revision', 'state')
 
     def __init__(self, revision: Revision, state: dict[bytes, bytes], chain: list[Revision],
-                 parent: Revision | None) -> None:
+                 parent: Revision | None, chain_bytes: int | None) -> None:
         self.revision = revision
         self.state = state
         self.chain = chain
         self.parent = parent
+        self.chain_bytes = chain_bytes
         self.attached: Any = None
 
 
@@ -488,6 +529,10 @@ def _decode(payload: bytes, kind: bytes, revision: Revision,
     parts = [payload[a:b] for a, b in pairwise(ends)]
     pairs = dict(zip(parts[0:2 * n_pairs:2], parts[1:2 * n_pairs:2], strict=True))
     return chain, pairs, parts[2 * n_pairs:]
+
+
+def _state_bytes(state: Mapping[bytes, bytes]) -> int:
+    return sum(map(len, state)) + sum(map(len, state.values()))
 
 
 def _apply(state: dict[bytes, bytes], pairs: Mapping[bytes, bytes],

@@ -127,6 +127,7 @@ class RedisStore(CheckpointStore):
         self.connect_timeout = float(connect_timeout)
         self.timeout = float(timeout)
         self._client: redis.Redis | None = None
+        self._script_loaded = False
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -141,6 +142,7 @@ class RedisStore(CheckpointStore):
         """Close this process's connections (the store reconnects if used again)."""
         with self._lock:
             client, self._client = self._client, None
+            self._script_loaded = False
         if client is not None:
             client.close()
 
@@ -240,6 +242,11 @@ class RedisStore(CheckpointStore):
         hash_key = _entry_key(entry)
         name = entry.encode('utf-8')
         client = self._redis()
+        if not self._script_loaded:
+            # Sent blind to a server without the script, a large write would fail
+            # whole and go again (a 256 MB snapshot took 15 s instead of 1.5 s).
+            client.script_load(_WRITE_SCRIPT)
+            self._script_loaded = True
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
             for deletes, pairs in batches:

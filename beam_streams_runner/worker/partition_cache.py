@@ -23,7 +23,11 @@ Before it succeeds the task `commit`s revision (e, attempt) on `base`: the
 backend's `take_delta` (the keys changed and deleted since it was loaded) goes to
 the store as that revision's delta, and the live backend is attached at it. An
 epoch touching 10 of a million keys writes about 10 values. The cache writes a
-full snapshot every `SNAPSHOT_EVERY` revisions of a lineage and keeps loadable
+full snapshot of a lineage at a multiple of `SNAPSHOT_EVERY` revisions once its deltas
+hold `SNAPSHOT_BYTES_RATIO` times the state's bytes (so snapshots add at most half to
+what the deltas write, and a full load reads at most three times the state), and at
+`MAX_CHAIN` revisions whatever the bytes (so a load reads at most that many deltas);
+a large state that changes little is not rewritten every few epochs. It keeps loadable
 what a retried task needs (`base`) and the revisions the driver's retained cuts
 need (`keep`). Operators are built afresh each epoch over the backend they are
 handed; checkpointing is the backend's job, not theirs.
@@ -52,6 +56,8 @@ from beam_streams_runner.state.versioned_state import (
 from beam_streams_runner.stores.base import CheckpointStore
 
 SNAPSHOT_EVERY = 20
+SNAPSHOT_BYTES_RATIO = 2.0
+MAX_CHAIN = 200
 CACHED_STORES = 4
 # The driver's mark in the store of a run (`mark_run`): a task that does not find it
 # is looking at another store than the driver's (a directory local to another host).
@@ -112,7 +118,9 @@ class PartitionStateCache:
         with cls._lock:
             cache = cls._caches.pop(store_id, None)
             if cache is None:
-                cache = VersionedStateCache(store, snapshot_every=SNAPSHOT_EVERY)
+                cache = VersionedStateCache(store, snapshot_every=SNAPSHOT_EVERY,
+                                            snapshot_bytes_ratio=SNAPSHOT_BYTES_RATIO,
+                                            max_chain=MAX_CHAIN)
                 while len(cls._caches) >= CACHED_STORES:
                     # The run it served is most likely over: a later task of it rebuilds.
                     del cls._caches[next(iter(cls._caches))]

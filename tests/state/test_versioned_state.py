@@ -390,16 +390,21 @@ EVENTS = st.sampled_from(['ok'] * 6 + ['fail', 'retry', 'restart'])
 
 
 @settings(max_examples=15, deadline=None)
-@given(snapshot_every=st.integers(1, 9),
+@given(snapshot_every=st.integers(1, 9), ratio=st.sampled_from([0.0, 1.0, 2.0]),
+       max_chain=st.integers(1, 30),
        workers=st.lists(st.integers(0, 1), min_size=EPOCHS, max_size=EPOCHS),
        events=st.lists(EVENTS, min_size=EPOCHS, max_size=EPOCHS),
        seed=st.integers(0, 2**32 - 1))
 def test_two_workers_alternating_at_random_match_a_dict_model(
-        snapshot_every, workers, events, seed):
+        snapshot_every, ratio, max_chain, workers, events, seed):
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as root:
         store = LocalDirectoryStore(root)
-        caches = [VersionedStateCache(store, snapshot_every) for _ in range(2)]
+
+        def new_cache() -> VersionedStateCache:
+            return VersionedStateCache(store, snapshot_every, ratio, max_chain)
+
+        caches = [new_cache() for _ in range(2)]
         model: dict[int, dict[bytes, bytes]] = {-1: {}}
 
         def run_epoch(worker: int, epoch: int, changes, fail: bool = False) -> None:
@@ -433,7 +438,7 @@ def test_two_workers_alternating_at_random_match_a_dict_model(
             changes = (dirty, deleted)
             worker, event = workers[epoch], events[epoch]
             if event == 'restart':  # the Python worker was replaced by a fresh one
-                caches[worker] = VersionedStateCache(store, snapshot_every)
+                caches[worker] = new_cache()
             if event == 'fail':  # fails half-way, then Spark retries on any worker
                 run_epoch(worker, epoch, changes, fail=True)
                 worker = rng.randrange(2)
@@ -561,3 +566,53 @@ class LineageMachine(RuleBasedStateMachine):
 
 TestLineageMachine = LineageMachine.TestCase
 TestLineageMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def _task(cache: VersionedStateCache, epoch: int, dirty: dict[bytes, bytes]) -> None:
+    """An epoch's task: loads its base, commits its changes."""
+    cache.load(ENTRY, epoch - 1)
+    cache.commit(ENTRY, epoch, dirty, ())
+
+
+def test_a_large_state_that_changes_little_is_not_rewritten_every_few_revisions():
+    """With a bytes ratio, a snapshot waits until the deltas since the last one hold
+    that many times the state's bytes (a 1 MB value written once, then a few bytes an
+    epoch), or until the chain reaches its longest."""
+    store = MemoryStore()
+    cache = VersionedStateCache(store, snapshot_every=5, snapshot_bytes_ratio=2.0,
+                                max_chain=30)
+    _task(cache, 0, {b'big': bytes(1 << 20)})
+    for epoch in range(1, 40):
+        _task(cache, epoch, {b'small': b'%d' % epoch})
+    assert stored_versions(store, b's') == [29]  # at 30 revisions, not at 5, 10, ...
+    reader = VersionedStateCache(store)
+    assert reader.load(ENTRY, 39)[0] == {b'big': bytes(1 << 20), b'small': b'39'}
+
+
+def test_a_state_rewritten_each_revision_is_snapshot_at_the_multiples():
+    store = MemoryStore()
+    cache = VersionedStateCache(store, snapshot_every=5, snapshot_bytes_ratio=2.0,
+                                max_chain=100)
+    for epoch in range(16):
+        _task(cache, epoch, {b'k%d' % i: b'%d' % epoch * 100 for i in range(10)})
+    # Each delta rewrites the whole state, so five of them hold five times its bytes.
+    # At 4, 9 and 14; the one at 4 collected (9 still serves a reload of 14's parent).
+    assert stored_versions(store, b's') == [9, 14]
+    assert VersionedStateCache(store).load(ENTRY, 15) == (
+        {b'k%d' % i: b'15' * 100 for i in range(10)}, 'snapshot')
+
+
+def test_the_bytes_of_a_chain_survive_a_catch_up_and_a_rebuild():
+    store = MemoryStore()
+    writer = VersionedStateCache(store, snapshot_every=4, snapshot_bytes_ratio=2.0)
+    other = VersionedStateCache(store, snapshot_every=4, snapshot_bytes_ratio=2.0)
+    _task(writer, 0, {b'k': b'x' * 1000})
+    other.load(ENTRY, 0)
+    _task(writer, 1, {b'k': b'y' * 1000})
+    _task(writer, 2, {b'k': b'z' * 1000})
+    _task(other, 3, {b'k': b'w' * 1000})  # caught up on 1 and 2: it knows all 4 deltas
+    assert stored_versions(store, b's') == [3]
+    rebuilt = VersionedStateCache(store, snapshot_every=4, snapshot_bytes_ratio=2.0)
+    for epoch in range(4, 8):  # 7 rebuilt from the snapshot at 3 and the deltas after it
+        _task(rebuilt if epoch == 7 else writer, epoch, {b'k': b'v' * 1000})
+    assert stored_versions(store, b's') == [3, 7]  # 3 still serves a reload of 6

@@ -186,6 +186,7 @@ def test_a_zombie_attempts_live_backend_is_not_handed_out(run, processes):
 
 def test_a_reset_to_a_cut_loads_the_cut(run, processes, monkeypatch):
     monkeypatch.setattr(partition_cache, 'SNAPSHOT_EVERY', 2)
+    monkeypatch.setattr(partition_cache, 'SNAPSHOT_BYTES_RATIO', 0.0)  # whatever the bytes
     cut = Revision(1)
     run_epoch(run, 0, {b'a': b'0'})
     run_epoch(run, 1, {b'b': b'1'})
@@ -204,6 +205,7 @@ def test_a_reset_to_a_cut_loads_the_cut(run, processes, monkeypatch):
 
 def test_retries_across_snapshots(run, processes, monkeypatch):
     monkeypatch.setattr(partition_cache, 'SNAPSHOT_EVERY', 2)
+    monkeypatch.setattr(partition_cache, 'SNAPSHOT_BYTES_RATIO', 0.0)  # whatever the bytes
     expected = {}
     for epoch in range(7):
         writes = {f'k{epoch}'.encode(): str(epoch).encode(), f'k{epoch - 2}'.encode(): None}
@@ -268,9 +270,10 @@ def delta_bytes(run: Run, version: int) -> int:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), snapshot_every=st.integers(1, 5))
-def test_random_workers_failures_retries_and_resets_against_a_model(seed, snapshot_every,
-                                                                   tmp_path_factory):
+@given(seed=st.integers(0, 2**32 - 1), snapshot_every=st.integers(1, 5),
+       ratio=st.sampled_from([0.0, 0.5, 2.0]), max_chain=st.integers(1, 12))
+def test_random_workers_failures_retries_and_resets_against_a_model(
+        seed, snapshot_every, ratio, max_chain, tmp_path_factory):
     """Three workers take the epochs of one partition at random; tasks fail before or
     after their commit and are retried as a new attempt (with the same input), workers
     restart, the driver resets to the last cut now and then; every load equals the
@@ -281,8 +284,11 @@ def test_random_workers_failures_retries_and_resets_against_a_model(seed, snapsh
         {bytes([rng.randrange(6)]): bytes([rng.randrange(256)]) if rng.random() < 0.7 else None
          for _ in range(rng.randrange(4))}
         for _ in range(16)]
-    saved = partition_cache.SNAPSHOT_EVERY, PartitionStateCache._caches
+    saved = (partition_cache.SNAPSHOT_EVERY, partition_cache.SNAPSHOT_BYTES_RATIO,
+             partition_cache.MAX_CHAIN, PartitionStateCache._caches)
     partition_cache.SNAPSHOT_EVERY = snapshot_every
+    partition_cache.SNAPSHOT_BYTES_RATIO = ratio
+    partition_cache.MAX_CHAIN = max_chain
     workers: dict[int, dict] = {0: {}, 1: {}, 2: {}}
     model = {INITIAL_REVISION: {}}  # the state committed at each revision
     base = cut = INITIAL_REVISION
@@ -318,7 +324,8 @@ def test_random_workers_failures_retries_and_resets_against_a_model(seed, snapsh
             elif outcome > 0.93:
                 base = cut  # a failure: reset to the last cut
     finally:
-        partition_cache.SNAPSHOT_EVERY, PartitionStateCache._caches = saved
+        (partition_cache.SNAPSHOT_EVERY, partition_cache.SNAPSHOT_BYTES_RATIO,
+         partition_cache.MAX_CHAIN, PartitionStateCache._caches) = saved
 
 
 def test_state_moves_make_every_load_come_from_the_store(run, processes, monkeypatch):
