@@ -225,7 +225,9 @@ def summary(record: Mapping) -> str:
     from_store = loads.get('catch-up', 0) + loads.get('snapshot', 0)
     if from_store:
         # Tasks that ran away from their partition's live state (another worker or host).
-        parts.append(f'{from_store} of {sum(loads.values())} state loads from the store')
+        whole = loads.get('snapshot', 0)
+        parts.append(f'{from_store} of {sum(loads.values())} state loads from the store'
+                     + (f' ({whole} whole)' if whole else ''))
     if len(record.get('hosts') or ()) > 1:
         parts.append('on hosts ' + ', '.join(record['hosts']))
     return '; '.join(parts)

@@ -116,7 +116,7 @@ def test_state_loads_from_the_store_and_hosts_are_reported():
     assert record['state_loads'] == {'hit': 2, 'catch-up': 1, 'snapshot': 1}
     assert record['hosts'] == ['127.0.0.2', '127.0.0.3']
     assert summary(record).endswith(
-        '; 2 of 4 state loads from the store; on hosts 127.0.0.2, 127.0.0.3')
+        '; 2 of 4 state loads from the store (1 whole); on hosts 127.0.0.2, 127.0.0.3')
     one_host = {k: r._replace(host='vm', state_loads={'hit': 1}) for k, r in reports.items()}
     line = summary(progress.add(4, 1_001.0, 0.5, one_host, read_budget_ms=250))
     assert 'state loads' not in line and 'on hosts' not in line
