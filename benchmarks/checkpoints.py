@@ -14,7 +14,8 @@ same start-up for all) of the pipeline of `checkpoints_pipeline` (a windowed cou
 a stateful DoFn over 1000 keys, plus `--state_mb` MB of keyed state held by a stateful
 DoFn to the end of the stream), whose output is checked against the lines computed
 from the generator's definition. A configuration is a state size, a checkpoint period
-(`--checkpoint_period_s`; 0 = consistent regions off: no store, no mode), a mode
+(`--checkpoint_period_s`; 0 = consistent regions off: no mode, and the state in a
+temporary directory, or with `redis` among the stores once more in Redis), a mode
 (`--checkpoint_mode`) and a store: `file` (a fresh directory under $TMPDIR per run) or
 `redis` (a `RedisServer` this command starts on 127.0.0.1, AOF on with
 `--redis_appendfsync`, default `always`, automatic AOF rewrites off, emptied and its
@@ -24,7 +25,7 @@ The matrix (`--matrix`): `slices` (default) sweeps the periods at one state size
 (`--period_sweep_state_mb`, 10 MB: every period x mode x store, and off) and the state
 sizes at one period (`--state_sweep_period_s`, 2 s: every state size x mode x store,
 and off), as the paper did; `full` runs every state size x period x mode x store.
-Every state size has its own run with checkpoints off, the base of its ratios. The
+Every state size has its own runs with checkpoints off, the base of its ratios. The
 runs are interleaved across repeats (ABCABC), so a load on the machine falls on every
 configuration alike. Then the recovery runs: for every `--recovery_state_mb` (default:
 every state size) and store, a run with checkpoints every `--recovery_period_s` (1 s)
@@ -32,7 +33,7 @@ in `--recovery_mode` (non_blocking) whose Python worker fails once at event
 `--fail_at` (0.5) of `--events` (`--fault`: `kill_worker`, a SIGKILL, or `raise`);
 detection, reset and catch-up come from the run's log (`checkpoints_logs`).
 
-Duration: the default matrix is 33 configurations x 2 repeats + 10 recovery runs = 76
+Duration: the default matrix is 38 configurations x 2 repeats + 10 recovery runs = 86
 runs of 200,000 events; a run takes about 30-45 s on an idle 2-core machine (10 s of
 it start-up, more at 512 MB: the pads are made, written and reloaded), so about an
 hour. `--quick`: 20,000 events, 1 MB, checkpoints off and every 1 s, non-blocking, the
@@ -113,11 +114,15 @@ def configurations(state_mbs: Sequence[float], periods: Sequence[float],
                    sweep_state_mb: float | None = None,
                    sweep_period_s: float | None = None) -> list[Config]:
     """The throughput configurations: `full`, every state size x period (0 once, no store
-    or mode) x mode x store; `slices`, every period at `sweep_state_mb` and every state
-    size at `sweep_period_s` (each state size also off). A sweep's state size or period
-    that is not among `state_mbs` or `periods` is their first (non-zero) one."""
+    or mode, and once more with the state in Redis if it is a store) x mode x store;
+    `slices`, every period at `sweep_state_mb` and every state size at `sweep_period_s`
+    (each state size also off). A sweep's state size or period that is not among
+    `state_mbs` or `periods` is their first (non-zero) one."""
     def cells(state: float, periods_here: Sequence[float]) -> list[Config]:
         out = [Config(state, 0.0, OFF, OFF)]
+        if 'redis' in stores:
+            # Off with the state in Redis: what keeping it there costs without checkpoints.
+            out.append(Config(state, 0.0, OFF, 'redis'))
         out += [Config(state, p, m, s) for p in periods_here if p for m in modes for s in stores]
         return out
 

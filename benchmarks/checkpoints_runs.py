@@ -35,8 +35,9 @@ OFF = '-'  # the store and mode of a configuration with checkpoints off (none is
 
 @dataclass(frozen=True)
 class Config:
-    """A configuration: state size, checkpoint period (0: off, then mode and store are
-    `OFF`), mode and store; `recovery`: a run with a failure injected."""
+    """A configuration: state size, checkpoint period (0: off, then mode is `OFF`, and
+    so is the store unless the state is kept in one: `redis`), mode and store;
+    `recovery`: a run with a failure injected."""
 
     state_mb: float
     period_s: float
@@ -46,13 +47,16 @@ class Config:
 
     @property
     def label(self) -> str:
-        return 'off' if not self.period_s else f'every {self.period_s:g} s'
+        if not self.period_s:
+            return 'off' if self.store == OFF else f'off, state in {self.store}'
+        return f'every {self.period_s:g} s'
 
     @property
     def name(self) -> str:
         kind = 'recovery-' if self.recovery else ''
         if not self.period_s:
-            return f'{kind}{self.state_mb:g}mb-off'
+            store = '' if self.store == OFF else f'-{self.store}'
+            return f'{kind}{self.state_mb:g}mb-off{store}'
         return f'{kind}{self.state_mb:g}mb-{self.period_s:g}s-{self.mode}-{self.store}'
 
 
@@ -144,8 +148,10 @@ def child_command(config: Config, events: int, sink_dir: str, result_path: str,
     """The command line of a child run of `config`."""
     args = [f'--checkpoint_period_s={config.period_s:g}']
     if store_url is not None:
-        args += [f'--checkpoint_store={store_url}', f'--checkpoint_mode={config.mode}',
+        args += [f'--checkpoint_store={store_url}',
                  f'--job_name=checkpoints-{name}-{uuid.uuid4().hex[:8]}']
+        if config.period_s:
+            args.append(f'--checkpoint_mode={config.mode}')
     if config.recovery and fault is not None:
         args += [f'--fail_index={fault.index}', f'--fault={fault.kind}',
                  f'--fault_marker={marker}']

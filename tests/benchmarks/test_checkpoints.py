@@ -85,7 +85,9 @@ def test_the_slices_sweep_periods_at_one_size_and_sizes_at_one_period():
         '1mb-off', '1mb-8s-blocking-file', '1mb-8s-non_blocking-file',
         '512mb-off', '512mb-8s-blocking-file', '512mb-8s-non_blocking-file']
     full = ck.configurations([1, 10], [0, 1, 8], ['non_blocking'], ['file', 'redis'], 'full')
-    assert len(full) == 2 * (1 + 2 * 2) and full[0] == runs.Config(1, 0, runs.OFF, runs.OFF)
+    assert len(full) == 2 * (2 + 2 * 2) and full[0] == runs.Config(1, 0, runs.OFF, runs.OFF)
+    assert [c.name for c in full[:2]] == ['1mb-off', '1mb-off-redis']
+    assert full[1].label == 'off, state in redis'
     recoveries = ck.recovery_configurations([10, 512], 1.0, 'non_blocking', ['file'])
     assert [c.name for c in recoveries] == ['recovery-10mb-1s-non_blocking-file',
                                             'recovery-512mb-1s-non_blocking-file']
@@ -101,7 +103,7 @@ def test_the_slices_sweep_periods_at_one_size_and_sizes_at_one_period():
 def test_quick_and_the_default_plan():
     configs, recoveries = ck.plan_of(ck.parser().parse_args([]))
     # The docstring's estimate counts these.
-    assert (len(configs), len(recoveries)) == (33, 10)
+    assert (len(configs), len(recoveries)) == (38, 10)
     p = ck.parser()
     p.set_defaults(**ck.QUICK)
     configs, recoveries = ck.plan_of(p.parse_args([]))
@@ -251,6 +253,23 @@ def test_the_goals_are_met_not_met_or_not_measured():
         'goal': 'recovery <= 5 s at 10 MB', 'verdict': 'not met',
         'measured': '2.5 s (local directory, every 1 s); 5.5 s (Redis, every 1 s)'}
     assert judged['recovery <= 60 s at 512 MB']['verdict'] == 'not measured'
+
+
+def test_redis_rows_have_a_ratio_to_off_with_the_state_in_redis_too():
+    rows = [{**_row(512, 0, '-', '-', ''), 'events_per_s': 5000, 'config': 'a'},
+            {**_row(512, 0, '-', 'redis', ''), 'events_per_s': 4000, 'config': 'b'},
+            {**_row(512, 2, 'non_blocking', 'redis', ''), 'events_per_s': 3900, 'config': 'c'},
+            {**_row(512, 2, 'non_blocking', 'file', ''), 'events_per_s': 4900, 'config': 'd'}]
+    for row in rows:
+        row['steady_events_per_s'] = ''
+    cr.add_ratios(rows, [])
+    assert [r['ratio_to_off'] for r in rows] == [1.0, 0.8, 0.78, 0.98]
+    assert [r['ratio_to_store_off'] for r in rows] == ['', '', 0.975, 0.98]
+    judged = {g['goal'][:40]: g for g in cr.goals(rows, [])}
+    at_512 = judged['non-blocking keeps >= 94% of the through']
+    assert at_512['verdict'] == 'not met'
+    assert at_512['measured'] == ('0.78 (Redis, every 2 s; 0.975 against off with the state '
+                                  'in Redis); 0.98 (local directory, every 2 s)')
 
 
 # The command, on made-up runs -------------------------------------------------------------
