@@ -100,7 +100,7 @@ def run_startup(master_args: Sequence[str], log: str, timeout_s: float) -> dict:
 def run_nexmark(queries: str, events: int, streaming: bool, master_args: Sequence[str],
                 out: str, log: str, timeout_s: float) -> list[dict]:
     command = [sys.executable, '-m', 'benchmarks.nexmark', '--runner', 'StreamsSparkRunner',
-               '--query', queries, '--events', str(events), '--out', out,
+               '--query', queries, '--events', str(events), '--out', out, '--no-direct-2p',
                *(['--streaming'] if streaming else []), *master_args]
     code, _, _ = _run(command, log, timeout_s)
     path = os.path.join(out, 'results.csv')

@@ -131,7 +131,8 @@ def plan_runs(args: argparse.Namespace, queries: Sequence[int],
             corrected = q == 6 and (args.corrected_q6 or args.with_streaming)
             plan.append(RunSpec(q, 'without early bids', ref,
                                 ('--corrected-q6',) * corrected + ('--without-early-bids',)))
-        if not args.streaming and ref == 'DirectRunner' and args.runner != 'DirectRunner':
+        if (not args.streaming and ref == 'DirectRunner' and args.runner != 'DirectRunner'
+                and not args.no_direct_2p):
             plan.append(RunSpec(q, DIRECT_2P, 'DirectRunner', q6 + DIRECT_2P_ARGS))
         for name, native in (('spark', NATIVE_SPARK), ('flink', NATIVE_FLINK)):
             if name in args.native and q in NATIVE_QUERIES:
@@ -239,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--streaming', action='store_true',
                         help='read the unbounded source and run the runner under test with '
                              '--streaming (the stream ends after --events)')
+    parser.add_argument('--no-direct-2p', dest='no_direct_2p', action='store_true',
+                        help='leave out the batch rows of the DirectRunner with two '
+                             'processes (the reference runs stay)')
     parser.add_argument('--rate', type=float, default=None,
                         help='with --streaming: events/s over all source parts '
                              '(default: as fast as possible)')

@@ -243,3 +243,11 @@ def test_a_cluster_master_gets_the_benchmarks_package_as_py_files(tmp_path):
         names = set(zipped.namelist())
     assert {'benchmarks/__init__.py', 'benchmarks/nexmark/runs.py'} <= names
     assert all(name.endswith('.py') for name in names)
+
+
+def test_the_two_process_direct_runner_rows_can_be_left_out():
+    def roles(*argv: str) -> list[str]:
+        args, rest = launcher.build_parser().parse_known_args(['--query', '0', *argv])
+        return [spec.role for spec in launcher.plan_runs(args, [0], rest)]
+    assert roles() == ['tested', 'reference', launcher.DIRECT_2P]
+    assert roles('--no-direct-2p') == ['tested', 'reference']
