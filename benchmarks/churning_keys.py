@@ -3,9 +3,10 @@
 Event n has event time `START + INTERVAL_S * n` (`PeriodicImpulse` over past timestamps,
 so the source is read as fast as the epochs go) and key `n // EVENTS_PER_KEY`; in fixed
 windows of `WINDOW_S` (1 s) each window has its own `KEYS_PER_WINDOW` (1,000) keys that
-never come back. `CountUntilWindowEnd` counts per key in combining state and, on an
-event-time timer at the window's end, emits the count and clears the state; the stream
-ends, so the watermark passes every window and every key is flushed.
+never come back. `CountUntilWindowEnd` (the keyed-state GC benchmark's) counts per key in
+combining state and, on an event-time timer at the window's end, emits the count and
+clears the state; the stream ends, so the watermark passes every window and every key
+is flushed.
 
 `run_one` runs it once in this process and returns its wall time and the verdict of its
 output (`expected_lines`: one `key TAB window start TAB count` per key and window,
@@ -21,19 +22,18 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
-from apache_beam.coders import VarIntCoder
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
-from apache_beam.transforms import userstate, window
+from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
-from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 import beam_streams_runner  # noqa: F401 - makes runner='StreamsSparkRunner' known
 from benchmarks import sink_check
+from benchmarks.keyed_state_gc import CountUntilWindowEnd
 
 START = 1_000_000_000.0  # event time of event 0 (2001): long past, read at full speed
 WINDOW_S = 1
@@ -51,23 +51,6 @@ def event_index(t: float) -> int:
     return round((float(t) - START) / INTERVAL_S)
 
 
-class CountUntilWindowEnd(beam.DoFn):
-    COUNT = userstate.CombiningValueStateSpec('count', VarIntCoder(),
-                                              beam.combiners.CountCombineFn())
-    FLUSH = userstate.TimerSpec('flush', TimeDomain.WATERMARK)
-
-    def process(self, element, w=beam.DoFn.WindowParam,
-                count=beam.DoFn.StateParam(COUNT), flush=beam.DoFn.TimerParam(FLUSH)):
-        count.add(element)
-        flush.set(w.end)
-
-    @userstate.on_timer(FLUSH)
-    def flush(self, key=beam.DoFn.KeyParam, w=beam.DoFn.WindowParam,
-              count=beam.DoFn.StateParam(COUNT)) -> Iterator[str]:
-        yield f'{key}\t{w.start.micros}\t{count.read()}'
-        count.clear()
-
-
 def build(p: beam.Pipeline, events: int, sink_prefix: str) -> None:
     _ = (p
          | 'Events' >> PeriodicImpulse(START, stream_end(events), INTERVAL_S)
@@ -76,8 +59,12 @@ def build(p: beam.Pipeline, events: int, sink_prefix: str) -> None:
                              ).with_output_types(tuple[int, int])
          | 'Window' >> beam.WindowInto(window.FixedWindows(WINDOW_S))
          | 'Count' >> beam.ParDo(CountUntilWindowEnd())
-         | 'Write' >> beam.ParDo(sink_check.CountingSink(
-             sink_prefix, lambda line, w, t: [line])))
+         | 'Write' >> beam.ParDo(sink_check.CountingSink(sink_prefix, output_line)))
+
+
+def output_line(counted: tuple[int, int], w: window.IntervalWindow, t: Timestamp) -> list[str]:
+    key, count = counted
+    return [f'{key}\t{w.start.micros}\t{count}']
 
 
 def expected_lines(events: int) -> list[str]:
