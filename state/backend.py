@@ -38,7 +38,7 @@ import marshal
 import pickle
 import struct
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sortedcontainers import SortedList
 
@@ -68,6 +68,21 @@ class ValueCodec(Protocol):
     def decode(self, data: bytes | memoryview) -> list[tuple[Namespace, Any]]: ...
 
 
+@runtime_checkable
+class PagedState(Protocol):
+    """A full state read on demand (a partition's live copy on its host: see
+    `host_state.HostStateView`)."""
+
+    def scan(self) -> Iterator[tuple[bytes, bytes | memoryview]]:
+        """Every key with its value (a buffer valid until the next item)."""
+
+    def fetch(self, name: bytes) -> bytes | None:
+        """One key's value."""
+
+    def moved_to(self, revision: Any) -> None:
+        """Its reader's commit moved it to `revision`."""
+
+
 class PickleCodec:
     """Values as pickle writes them (bytes, lists, tuples, sorted containers)."""
 
@@ -92,7 +107,9 @@ class KeyedStateBackend:
 
     def _reset(self) -> None:
         self._values: dict[bytes, dict[Namespace, Any]] = {}
-        self._raw: dict[bytes, bytes | memoryview] = {}  # restored, not decoded yet
+        # Restored, not decoded yet; None: in the paged state, not read yet either.
+        self._raw: dict[bytes, bytes | memoryview | None] = {}
+        self._paged: PagedState | None = None
         self.expiry = KeyedStateIndex()
         self.event_timers = TimerQueue()
         self.processing_timers = TimerQueue()
@@ -182,8 +199,24 @@ class KeyedStateBackend:
             self._changed.add(key)
 
     def _decode(self, key: bytes) -> dict[Namespace, Any]:
-        values = self._values[key] = dict(self._codec.decode(self._raw.pop(key)))
+        body = self._raw.pop(key)
+        if body is None:
+            body = self._paged_body(key)
+        values = self._values[key] = dict(self._codec.decode(body))
         return values
+
+    def _paged_body(self, key: bytes) -> memoryview:
+        value = self._paged.fetch(_KEY + key)
+        if value is None:
+            raise RuntimeError(f'The paged state {self._paged!r} lacks the values of key '
+                               f'{key!r} that its scan listed')
+        return split_entry(value)[1]
+
+    def paged_moved_to(self, revision: Any) -> None:
+        """The paged state this backend was restored from moved to `revision` by this
+        backend's own commit (the values it still reads from there did not change)."""
+        if self._paged is not None:
+            self._paged.moved_to(revision)
 
     def _indexed(self, key: bytes) -> bool:
         return (key in self._holds or self.expiry.latest_window(key) is not None
@@ -315,14 +348,18 @@ class KeyedStateBackend:
             state[_META] = self._encode_meta()
         return state
 
-    def restore(self, state: Mapping[bytes, bytes]) -> None:
+    def restore(self, state: Mapping[bytes, bytes] | PagedState) -> None:
         """Replaces everything by the full state `state` (a `snapshot`, or the sum of
-        the deltas; {} is the initial state); tracks changes from here."""
+        the deltas; {} is the initial state); tracks changes from here. A `PagedState`
+        is scanned for the keys' headers only: a key's values are read from it when the
+        key is first used."""
         self._reset()
         windows, holds = [], []
         timers: dict[str, list] = {EVENT_TIME: [], PROCESSING_TIME: []}
+        paged = isinstance(state, PagedState)
+        meta_seen = False
         with _collector_paused():
-            for name, value in state.items():
+            for name, value in (state.scan() if paged else state.items()):
                 if name[:1] == _KEY:
                     key = name[1:]
                     (key_windows, hold, event, processing), body = split_entry(value)
@@ -333,18 +370,21 @@ class KeyedStateBackend:
                     timers[EVENT_TIME].extend(_restored_timers(key, event))
                     timers[PROCESSING_TIME].extend(_restored_timers(key, processing))
                     if body:
-                        self._raw[key] = body
+                        self._raw[key] = None if paged else body
                 elif name == _META:
                     meta, event_seq, processing_seq = pickle.loads(value)
                     self._meta.update(meta)
+                    meta_seen = True
             self.expiry.restore_keys(windows)
             self._holds = {key: hold for hold, key in holds}
             self._hold_order.update(holds)
             for domain, restored in timers.items():
                 self.timers(domain).restore(restored)
-            if _META in state:
+            if meta_seen:
                 self.event_timers.next_seq = event_seq
                 self.processing_timers.next_seq = processing_seq
+        if paged:
+            self._paged = state
         self._track()
 
     def _track(self) -> None:
@@ -357,6 +397,8 @@ class KeyedStateBackend:
     def _encode_key(self, key: bytes) -> bytes | None:
         """The header and values of `key`, or None if it holds nothing."""
         body = self._raw.get(key)
+        if body is None and key in self._raw:
+            body = self._paged_body(key)
         if body is None:
             values = self._values.get(key)
             body = self._codec.encode(list(values.items())) if values else b''

@@ -52,7 +52,7 @@ import struct
 import threading
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, pairwise
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from beam_streams_runner.errors import StreamsSparkRunnerError
 from beam_streams_runner.stores.base import CheckpointStore
@@ -105,7 +105,8 @@ class VersionedStateCache:
     """
 
     def __init__(self, store: CheckpointStore, snapshot_every: int = 20,
-                 snapshot_bytes_ratio: float = 0.0, max_chain: int | None = None) -> None:
+                 snapshot_bytes_ratio: float = 0.0, max_chain: int | None = None,
+                 copies: StateCopies | None = None) -> None:
         """A snapshot is written when a chain reaches a multiple of `snapshot_every`
         revisions and its deltas hold at least `snapshot_bytes_ratio` times the bytes
         of the state (0: always), and at `max_chain` revisions (default: ten times
@@ -121,7 +122,10 @@ class VersionedStateCache:
         self.snapshot_every = snapshot_every
         self.snapshot_bytes_ratio = snapshot_bytes_ratio
         self.max_chain = max(snapshot_every, max_chain or 10 * snapshot_every)
-        self._cache: dict[str, _Cached] = {}
+        # Where the full states go: this process's memory, or the host's live states
+        # (`host_state.HostCopies`) shared by every worker of the host.
+        self._copies = copies if copies is not None else MemoryCopies()
+        self._attached: dict[str, tuple[Revision, Any]] = {}  # always this process's
         self._created: set[str] = set()
         self._counts = dict.fromkeys(LOAD_KINDS, 0)
         self._deltas_read = 0
@@ -142,16 +146,16 @@ class VersionedStateCache:
         initial, empty state), and how it was obtained: 'hit', 'catch-up', 'snapshot'
         or 'initial'.
 
-        The dict returned is the cache's own (a hit copies nothing). The caller may
-        change it in place during its task only if it `drop`s the entry when the
-        task fails; `commit` applies the same changes again, harmlessly.
+        The mapping returned is the cache's own copy (a hit copies nothing): a dict in
+        this process, or a `host_state.HostStateView` of the host's copy, to read only.
         Raises `MissingStateError` when the store lacks a delta or snapshot needed.
         """
         target = as_revision(base)
         with self._lock:
-            cached = self._cache.get(entry)
+            cached = self._copies.get(entry)
             if target == INITIAL_REVISION:
-                kind, cached = 'initial', _Cached(target, {}, [], None, 0)
+                kind, cached = 'initial', CachedState(target, {}, [], None, 0)
+                self._copies.put(entry, cached)
             elif cached is not None and cached.revision == target:
                 kind = 'hit'
             else:
@@ -161,12 +165,13 @@ class VersionedStateCache:
                     # A catch-up may have half-changed the cached dict.
                     self.drop(entry)
                     raise
-            self._cache[entry] = cached
+            if kind != 'hit':
+                self._attached.pop(entry, None)
             self._counts[kind] += 1
             return cached.state, kind
 
-    def _read(self, entry: str, cached: _Cached | None,
-              target: Revision) -> tuple[str, _Cached]:
+    def _read(self, entry: str, cached: CachedState | None,
+              target: Revision) -> tuple[str, CachedState]:
         """The state at `target` (not INITIAL_REVISION) from the store, and how."""
         snapshots = set(_revisions(self.store, entry, _SNAPSHOT))
         if target in snapshots:
@@ -174,25 +179,31 @@ class VersionedStateCache:
             if payload is not None:  # else collected since listed: try the delta
                 self._bytes_read += len(payload)
                 _, state, _ = _decode(payload, _SNAPSHOT, target, entry)
-                return 'snapshot', _Cached(target, state, [], None, 0)
+                found = CachedState(target, state, [], None, 0)
+                self._copies.put(entry, found)
+                return 'snapshot', found
         payload = self.store.get_chunked(entry, _key(_DELTA, target))
         if payload is None:
             raise MissingStateError(self._gap_message(entry, target, None))
         chain, pairs, deleted = _decode(payload, _DELTA, target, entry)
-        found = _Cached(target, {}, chain, chain[0], None)
+        found = CachedState(target, {}, chain, chain[0], None)
         if cached is not None and cached.revision in chain:
             # The deltas after the cached revision, oldest first.
             missed = self._read_deltas(entry, chain[:chain.index(cached.revision)])
             if missed is not None:
-                found.state = cached.state
                 if cached.chain_bytes is not None:  # the same base: its chain is ours
                     found.chain_bytes = cached.chain_bytes + missed[1] + len(payload)
-                self._apply_all(found.state, [*missed[0], (pairs, deleted)], len(payload))
-                return 'catch-up', found
+                changes = [*missed[0], (pairs, deleted)]
+                if self._copies.advance(entry, cached.revision, found, changes):
+                    self._count_applied(changes, len(payload))
+                    return 'catch-up', found
+                found.chain_bytes = None  # another worker moved the copy meanwhile
             # Some were collected after a newer snapshot: start from the chain's base.
         found.state, chain_bytes = self._rebuild(entry, target, chain, snapshots)
         found.chain_bytes = chain_bytes + len(payload)
-        self._apply_all(found.state, [(pairs, deleted)], len(payload))
+        _apply(found.state, pairs, deleted)
+        self._count_applied([(pairs, deleted)], len(payload))
+        self._copies.put(entry, found)
         return 'snapshot', found
 
     def _rebuild(self, entry: str, target: Revision, chain: list[Revision],
@@ -213,7 +224,9 @@ class VersionedStateCache:
             deltas = self._read_deltas(entry, chain[:depth])
             if deltas is None:
                 break
-            self._apply_all(state, deltas[0], 0)
+            for pairs, deleted in deltas[0]:
+                _apply(state, pairs, deleted)
+            self._count_applied(deltas[0], 0)
             return state, deltas[1]
         raise MissingStateError(self._gap_message(entry, target, chain))
 
@@ -233,13 +246,9 @@ class VersionedStateCache:
         self._bytes_read += size
         return deltas, size
 
-    def _apply_all(self, state: dict[bytes, bytes],
-                   deltas: list[tuple[dict[bytes, bytes], list[bytes]]],
-                   payload_bytes: int) -> None:
+    def _count_applied(self, deltas: list, payload_bytes: int) -> None:
         self._deltas_read += len(deltas)
         self._bytes_read += payload_bytes
-        for pairs, deleted in deltas:
-            _apply(state, pairs, deleted)
 
     def _gap_message(self, entry: str, target: Revision, chain: list[Revision] | None) -> str:
         snapshots = _revisions(self.store, entry, _SNAPSHOT)
@@ -298,7 +307,8 @@ class VersionedStateCache:
                 if entry not in self._created:
                     self.store.create_entry(entry)
                     self._created.add(entry)
-                cached = self._cache.get(entry)
+                cached = self._copies.get(entry)
+                self._attached.pop(entry, None)
                 chain = [parent, *self._lineage(entry, parent, cached)]
                 payload = _encode(_DELTA, revision, chain, dirty, deleted)
                 self.store.put_chunked(entry, _key(_DELTA, revision), payload)
@@ -309,7 +319,8 @@ class VersionedStateCache:
             self.drop(entry)
             raise
 
-    def _lineage(self, entry: str, revision: Revision, cached: _Cached | None) -> list[Revision]:
+    def _lineage(self, entry: str, revision: Revision,
+                 cached: CachedState | None) -> list[Revision]:
         """The chain a child of `revision` extends: [] for the initial state or a
         revision with a snapshot, else the chain of its delta."""
         if revision == INITIAL_REVISION:
@@ -323,7 +334,7 @@ class VersionedStateCache:
             raise MissingStateError(self._gap_message(entry, revision, None))
         return _header(payload, _DELTA, revision, entry)[0]
 
-    def _advance(self, entry: str, cached: _Cached | None, revision: Revision,
+    def _advance(self, entry: str, cached: CachedState | None, revision: Revision,
                  chain: list[Revision], dirty: Mapping[bytes, bytes],
                  deleted: list[bytes], size: int) -> None:
         """Moves the cache entry to `revision` if it holds the parent (or `revision`
@@ -336,9 +347,9 @@ class VersionedStateCache:
             chain_bytes = cached.chain_bytes
             if cached.revision == parent and chain_bytes is not None:
                 chain_bytes += size
-            _apply(cached.state, dirty, deleted)
-            self._cache[entry] = _Cached(revision, cached.state, chain, parent,  # detached
-                                         chain_bytes)
+            advanced = CachedState(revision, cached.state, chain, parent, chain_bytes)
+            if not self._copies.advance(entry, cached.revision, advanced, [(dirty, deleted)]):
+                self.drop(entry)  # another worker moved the copy meanwhile
         elif cached.revision == revision:
             self.drop(entry)  # on another parent: the changes do not apply to it
         # Else the entry holds another revision, still valid as it is.
@@ -350,21 +361,21 @@ class VersionedStateCache:
             return len(chain) >= self.snapshot_every
         if len(chain) % self.snapshot_every:
             return False
-        cached = self._cache.get(entry)
+        cached = self._copies.get(entry)
         if cached is None or cached.revision != revision or cached.chain_bytes is None:
             return False  # judged again at max_chain
         return cached.chain_bytes >= self.snapshot_bytes_ratio * _state_bytes(cached.state)
 
     def _snapshot(self, entry: str, revision: Revision, chain: list[Revision],
                   keep: Iterable[Revision]) -> None:
-        cached = self._cache.get(entry)
+        cached = self._copies.get(entry)
         if cached is None or cached.revision != revision:
             _, cached = self._read(entry, None, revision)
-            self._cache[entry] = cached
         self.store.put_chunked(entry, _key(_SNAPSHOT, revision),
                                _encode(_SNAPSHOT, revision, [], cached.state, ()))
-        cached.chain = []
-        cached.chain_bytes = 0
+        # Its lineage now starts here; its values are unchanged.
+        self._copies.advance(entry, revision,
+                             CachedState(revision, cached.state, [], cached.parent, 0), ())
         self._collect(entry, revision, chain, keep)
 
     def _collect(self, entry: str, revision: Revision, chain: list[Revision],
@@ -405,7 +416,8 @@ class VersionedStateCache:
     def drop(self, entry: str) -> None:
         """Forget the cached state of `entry` (its task failed: the dict may be half-changed)."""
         with self._lock:
-            self._cache.pop(entry, None)
+            self._attached.pop(entry, None)
+            self._copies.drop(entry)
 
     def attach(self, entry: str, revision: Revision | int, obj: Any) -> None:
         """Hang `obj` (e.g. the live operator) on the cache entry, valid at `revision` only.
@@ -415,44 +427,94 @@ class VersionedStateCache:
         """
         revision = as_revision(revision)
         with self._lock:
-            cached = self._cache.get(entry)
+            cached = self._copies.get(entry)
             if cached is None or cached.revision != revision:
                 held = None if cached is None else _label(cached.revision)
                 raise ValueError(f'Cannot attach to {entry!r} at revision {_label(revision)}: '
                                  f'the cache holds revision {held}')
-            cached.attached = obj
+            self._attached[entry] = (revision, obj)
 
     def attached(self, entry: str, revision: Revision | int) -> Any | None:
         """The object attached to `entry` at `revision`, or None. Counts no load."""
         revision = as_revision(revision)
         with self._lock:
-            cached = self._cache.get(entry)
-            if cached is None or cached.revision != revision:
+            attached = self._attached.get(entry)
+            if attached is None or attached[0] != revision:
                 return None
-            return cached.attached
+            cached = self._copies.get(entry)  # another worker of the host may have moved it
+            return attached[1] if cached is not None and cached.revision == revision else None
 
     def cached_revision(self, entry: str) -> Revision | None:
         """The revision the cache holds for `entry`, or None."""
-        cached = self._cache.get(entry)
+        cached = self._copies.get(entry)
         return None if cached is None else cached.revision
 
 
-class _Cached:
+class CachedState:
     """A cache entry: `chain` is what a child's chain extends ([] when `revision` has a
     snapshot); `parent` is known when the entry came from a delta, else None;
     `chain_bytes`, when known, the bytes of the deltas a full load of `revision` reads
     after its base."""
 
-    __slots__ = ('attached', 'chain', 'chain_bytes', 'parent', 'revision', 'state')
+    __slots__ = ('chain', 'chain_bytes', 'parent', 'revision', 'state')
 
-    def __init__(self, revision: Revision, state: dict[bytes, bytes], chain: list[Revision],
-                 parent: Revision | None, chain_bytes: int | None) -> None:
+    def __init__(self, revision: Revision, state: Mapping[bytes, bytes],
+                 chain: list[Revision], parent: Revision | None,
+                 chain_bytes: int | None) -> None:
         self.revision = revision
         self.state = state
         self.chain = chain
         self.parent = parent
         self.chain_bytes = chain_bytes
-        self.attached: Any = None
+
+
+class StateCopies(Protocol):
+    """Where a `VersionedStateCache` keeps the full state of each entry it holds, with
+    its revision and lineage: this process's memory (`MemoryCopies`) or the host's
+    live states, shared by its workers (`host_state.HostCopies`)."""
+
+    def get(self, entry: str) -> CachedState | None:
+        """The copy of `entry` (its `state` a mapping to read only), or None."""
+
+    def put(self, entry: str, cached: CachedState) -> None:
+        """Makes `cached` (its `state` a full dict) the copy of `entry`; `cached.state`
+        may become the copy's own mapping."""
+
+    def advance(self, entry: str, held: Revision, cached: CachedState,
+                changes: Iterable[tuple[Mapping[bytes, bytes], Iterable[bytes]]]) -> bool:
+        """If the copy of `entry` is at revision `held`: applies `changes` (pairs set,
+        keys deleted, in order) to it, gives it `cached`'s revision and lineage, sets
+        `cached.state` to its state, and returns True. Else changes nothing: False."""
+
+    def drop(self, entry: str) -> None:
+        """Forgets the copy of `entry`."""
+
+
+class MemoryCopies:
+    """The copies as dicts in this process's memory."""
+
+    def __init__(self) -> None:
+        self._copies: dict[str, CachedState] = {}
+
+    def get(self, entry: str) -> CachedState | None:
+        return self._copies.get(entry)
+
+    def put(self, entry: str, cached: CachedState) -> None:
+        self._copies[entry] = cached
+
+    def advance(self, entry: str, held: Revision, cached: CachedState,
+                changes: Iterable[tuple[Mapping[bytes, bytes], Iterable[bytes]]]) -> bool:
+        copy = self._copies.get(entry)
+        if copy is None or copy.revision != held:
+            return False
+        for pairs, deleted in changes:
+            _apply(copy.state, pairs, deleted)
+        cached.state = copy.state
+        self._copies[entry] = cached
+        return True
+
+    def drop(self, entry: str) -> None:
+        self._copies.pop(entry, None)
 
 
 # Store keys -----------------------------------------------------------------------------
@@ -532,6 +594,9 @@ def _decode(payload: bytes, kind: bytes, revision: Revision,
 
 
 def _state_bytes(state: Mapping[bytes, bytes]) -> int:
+    known = getattr(state, 'nbytes', None)  # a host copy counts its bytes as it changes
+    if known is not None:
+        return known
     return sum(map(len, state)) + sum(map(len, state.values()))
 
 

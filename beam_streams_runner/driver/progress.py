@@ -157,10 +157,12 @@ class EpochProgress:
 
         sizes: dict[str, int] = collections.Counter()
         loads: dict[str, int] = collections.Counter()
+        load_ms: dict[str, float] = collections.Counter()
         for report in reports.values():
             for (_, name), count in report.sizes.items():
                 sizes[name] += count
             loads.update(report.state_loads)
+            load_ms.update(report.state_load_ms)
         record = {
             'epoch': epoch,
             'timestamp': Timestamp(micros=int(started * 1e6)).to_rfc3339(),
@@ -176,6 +178,7 @@ class EpochProgress:
             'timers': sizes['timers'],
             'state_bytes_written': sum(r.state_bytes for r in reports.values()),
             'state_loads': dict(loads),
+            'state_load_ms': {kind: round(ms, 1) for kind, ms in load_ms.items()},
             'hosts': sorted({r.host for r in reports.values() if r.host}),
         }
         with self._lock:

@@ -69,10 +69,12 @@ class PartitionReport(NamedTuple):
     revision: Revision | None = None
     checkpoint_requested: bool = False
     unpublished: int = 0  # chunks a publish gate keeps for a consistent cut
-    # Where the task ran, and how it loaded its state: kind ('hit': live in this process,
-    # 'catch-up' and 'snapshot': from the store, 'initial') -> backends.
+    # Where the task ran, and how it loaded its state: kind ('live': this process's
+    # backend of the last task, 'hit': the host's live copy, 'catch-up' and 'snapshot':
+    # from the store, 'initial') -> backends, and -> the milliseconds those loads took.
     host: str = ''
     state_loads: dict[str, int] = {}  # noqa: RUF012 - never mutated (tasks pass their own)
+    state_load_ms: dict[str, float] = {}  # noqa: RUF012 - never mutated (tasks pass their own)
 
 
 class ReportsAccumulator(AccumulatorParam):

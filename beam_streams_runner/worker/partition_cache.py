@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ from typing import ClassVar
 
 from beam_streams_runner.errors import StoreNotSharedError
 from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.host_state import HostCopies, HostStateStore, host_state_root
 from beam_streams_runner.state.versioned_state import (
     Revision,
     VersionedStateCache,
@@ -67,6 +69,9 @@ RUN_MARK_KEY = b'run'
 # after each task, as if its next task ran on another host: the process keeps nothing,
 # so every load of a revision catches up from the store.
 STATE_MOVES_ENV = 'BEAM_STREAMS_RUNNER_STATE_MOVES'
+# 'process' keeps each worker's copies of the states in its own memory instead of in
+# the host's live states (the benchmarks compare the two).
+LIVE_STATE_ENV = 'BEAM_STREAMS_RUNNER_LIVE_STATE'
 
 
 def worker_host() -> str:
@@ -118,12 +123,18 @@ class PartitionStateCache:
         with cls._lock:
             cache = cls._caches.pop(store_id, None)
             if cache is None:
+                copies = None
+                if os.environ.get(LIVE_STATE_ENV) != 'process':
+                    copies = HostCopies(HostStateStore.at(host_state_path(store_id)))
                 cache = VersionedStateCache(store, snapshot_every=SNAPSHOT_EVERY,
                                             snapshot_bytes_ratio=SNAPSHOT_BYTES_RATIO,
-                                            max_chain=MAX_CHAIN)
+                                            max_chain=MAX_CHAIN, copies=copies)
                 while len(cls._caches) >= CACHED_STORES:
                     # The run it served is most likely over: a later task of it rebuilds.
-                    del cls._caches[next(iter(cls._caches))]
+                    old = next(iter(cls._caches))
+                    del cls._caches[old]
+                    if os.path.isdir(host_state_path(old)):
+                        HostStateStore.at(host_state_path(old)).close(remove=True)
             cls._caches[store_id] = cache
             return cache
 
@@ -132,16 +143,20 @@ class PartitionStateCache:
              create: Callable[[], KeyedStateBackend],
              kinds: collections.Counter | None = None) -> KeyedStateBackend:
         """The backend of partition `name` at revision `base` (INITIAL_REVISION: the
-        initial state); `kinds` counts how it was loaded (see `VersionedStateCache.load`)."""
+        initial state); `kinds` counts how it was loaded: 'live' (this process's backend
+        of the last task), else as `VersionedStateCache.load` says ('hit': from the
+        host's live states, reading the values of a key when it is first used)."""
         cache = cls.cache(store, store_id)
         state, kind = cache.load(name, base)
-        if kinds is not None:
-            kinds[kind] += 1
         if kind == 'hit':
             live = cache.attached(name, base)
             if live is not None:
                 cache.attach(name, base, None)  # the task changes it from here on
-                return live
+                kind = 'live'
+        if kinds is not None:
+            kinds[kind] += 1
+        if kind == 'live':
+            return live
         backend = create()
         backend.restore(state)
         return backend
@@ -161,5 +176,11 @@ class PartitionStateCache:
         if os.environ.get(STATE_MOVES_ENV):
             cache.drop(name)
         elif cache.cached_revision(name) == revision:
+            backend.paged_moved_to(revision)
             cache.attach(name, revision, backend)
         return sum(len(k) + len(v) for k, v in dirty.items()) + sum(len(k) for k in deleted)
+
+
+def host_state_path(store_id: str) -> str:
+    """The directory of the host's live states of the run of `store_id`."""
+    return os.path.join(host_state_root(), re.sub(r'[^A-Za-z0-9._-]', '_', store_id))

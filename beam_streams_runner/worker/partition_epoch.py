@@ -89,6 +89,7 @@ class PartitionEpoch:
         self._element_counts: dict[str, int] = {}
         self._backends: dict[str, KeyedStateBackend] = {}
         self._state_loads: collections.Counter = collections.Counter()
+        self._state_load_ms: collections.Counter = collections.Counter()
         self._read_s = 0.0
         self._reading = 0
         self._report: PartitionReport | None = None
@@ -134,9 +135,14 @@ class PartitionEpoch:
         name = self._entry(part)
         epoch = self._epoch
         check_run_mark(epoch.store, epoch.state_prefix, epoch.store_id)
+        kinds: collections.Counter = collections.Counter()
+        started = time.perf_counter()
         backend = PartitionStateCache.load(
             epoch.store, epoch.store_id, name, self._base,
-            lambda: KeyedStateBackend(codec, track_changes=True), self._state_loads)
+            lambda: KeyedStateBackend(codec, track_changes=True), kinds)
+        for kind in kinds:
+            self._state_load_ms[kind] += 1000 * (time.perf_counter() - started)
+        self._state_loads.update(kinds)
         self._backends[name] = backend
         return backend
 
@@ -211,7 +217,8 @@ class PartitionEpoch:
         self._report = PartitionReport(
             output, self._source.residuals, min(timers) if timers else None, self._sizes(),
             self._read_s, self._reading, self._element_counts, unpublished=unpublished,
-            host=worker_host(), state_loads=dict(self._state_loads))
+            host=worker_host(), state_loads=dict(self._state_loads),
+            state_load_ms=dict(self._state_load_ms))
 
     def _sizes(self) -> dict[tuple[str, str], int]:
         """What the partition holds: the runner's gauges (see `metrics.RUNNER_NAMESPACE`)."""

@@ -44,7 +44,7 @@ def packed_environment(tmp_path_factory) -> str:
     pip = [str(venv / 'bin' / 'python'), '-m', 'pip', 'install', '--quiet',
            '--disable-pip-version-check']
     for args in ([f'apache-beam=={metadata.version("apache-beam")}', 'redis>=5',
-                  'sortedcontainers>=2.4'], ['--no-deps', REPO]):
+                  'sortedcontainers>=2.4', 'lmdb>=1.4'], ['--no-deps', REPO]):
         done = subprocess.run(pip + args, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     # .tar.gz: Spark unpacks it with the system's tar, which keeps the files' modes (its

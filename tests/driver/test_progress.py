@@ -27,7 +27,8 @@ from tests.conftest import WriteLines
 pytestmark = pytest.mark.timeout(600)
 
 KEYS = {'epoch', 'timestamp', 'duration_ms', 'read_ms', 'read_budget_ms', 'sources', 'sinks',
-        'watermark', 'keyed_states', 'timers', 'state_bytes_written', 'state_loads', 'hosts'}
+        'watermark', 'keyed_states', 'timers', 'state_bytes_written', 'state_loads',
+        'state_load_ms', 'hosts'}
 
 
 class _Tee(beam.PTransform):

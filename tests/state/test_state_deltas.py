@@ -50,6 +50,7 @@ from beam_streams_runner.translators.streaming_group_by_key import (
     TRIGGER_STATE_CODEC,
     StreamingGroupByKeyOperator,
 )
+from beam_streams_runner.worker import partition_cache
 from beam_streams_runner.worker.partition_cache import PartitionStateCache
 from tests.state.test_backend import apply_delta, decoded, observe, plain_trigger_state
 
@@ -463,15 +464,21 @@ def test_stateful_stage_keys_expire_from_the_state(fused_stage):
     assert states[-1].keys() == {b'm'}
 
 
-def test_stateful_stage_across_workers_through_the_cache(fused_stage, tmp_path, monkeypatch):
+@pytest.mark.parametrize('live_state', ['process', 'host'])
+def test_stateful_stage_across_workers_through_the_cache(fused_stage, tmp_path, monkeypatch,
+                                                          live_state):
     """Many keys touched few at a time, each epoch in one of two workers at random (a
     fresh operator over the backend the worker's cache loads): the outputs equal one
-    live operator's, and each delta holds the keys touched."""
+    live operator's, and each delta holds the keys touched. With the host's live
+    states the other worker reads the host's copy, values on first use, never the
+    checkpoint store; with copies in each worker's memory it catches up from the store."""
+    monkeypatch.setenv(partition_cache.LIVE_STATE_ENV, live_state)
+    monkeypatch.setattr(partition_cache, 'host_state_root', lambda: str(tmp_path / 'host'))
     make, encode = fused_stage
     run = run_fused_epoch(encode)
     rng = random.Random(5)
     workers: list[dict] = [{}, {}]
-    store = LocalDirectoryStore(str(tmp_path))
+    store = LocalDirectoryStore(str(tmp_path / 'store'))
     name = 'stage-1/partition-0'
     epochs = [([(f'key-{i}', i % 5, i % 9) for i in range(2000)], seconds(0), seconds(0))]
     for number in range(1, 9):
@@ -487,8 +494,9 @@ def test_stateful_stage_across_workers_through_the_cache(fused_stage, tmp_path, 
         sizes.append(PartitionStateCache.commit(store, 'run', name, Revision(number, 0), parent,
                                                 backend))
     loads = [cache.stats for worker in workers for cache in worker.values()]
-    assert len(loads) == 2 and all(stats['hit'] for stats in loads)  # and some restored
-    assert sum(stats['catch-up'] + stats['snapshot'] for stats in loads) > 0
+    assert len(loads) == 2 and all(stats['hit'] for stats in loads)
+    from_store = sum(stats['catch-up'] + stats['snapshot'] for stats in loads)
+    assert (from_store > 0) == (live_state == 'process'), loads
     # Epoch 0 wrote 2000 keys' state and timers; later ones about 10 keys' worth.
     print(f'\ndelta bytes per epoch (2000 keys, then 10 touched per epoch): {sizes}')
     assert max(sizes[1:]) * 50 < sizes[0], sizes

@@ -492,7 +492,11 @@ class LineageMachine(RuleBasedStateMachine):
     @initialize(workers=st.integers(2, 3), snapshot_every=st.integers(1, 4))
     def start(self, workers: int, snapshot_every: int) -> None:
         self.snapshot_every = snapshot_every
-        self.caches = [VersionedStateCache(self.store, snapshot_every) for _ in range(workers)]
+        self.caches = [self.new_cache(worker) for worker in range(workers)]
+
+    def new_cache(self, worker: int) -> VersionedStateCache:
+        """Worker `worker`'s cache, fresh (its copies in its own memory)."""
+        return VersionedStateCache(self.store, self.snapshot_every)
 
     def cache(self, worker: int) -> VersionedStateCache:
         return self.caches[worker % len(self.caches)]
@@ -509,12 +513,13 @@ class LineageMachine(RuleBasedStateMachine):
             writes.insert(0 if zombie == 'before' else 1, zombie_write)
         for writer, revision, (dirty, deleted) in writes:
             cache = self.cache(writer)
-            if warm:  # the task loads its base and changes the cache's dict in place
+            if warm:  # the task loads its base (and changes the cache's dict in place)
                 state, _ = cache.load(ENTRY, parent)
-                assert state == self.model[parent]
-                state.update(dirty)
-                for key in deleted:
-                    state.pop(key, None)
+                assert dict(state) == self.model[parent]
+                if isinstance(state, dict):
+                    state.update(dirty)
+                    for key in deleted:
+                        state.pop(key, None)
             cache.commit(ENTRY, revision, dirty, deleted, parent=parent, keep=sorted(self.kept))
         winner = writes[0 if zombie != 'before' else 1][1]
         self.model[winner] = changed(self.model[parent], changes)
@@ -540,7 +545,7 @@ class LineageMachine(RuleBasedStateMachine):
         cache = self.cache(worker)
         held = cache.cached_revision(ENTRY)
         state, kind = cache.load(ENTRY, revision)
-        assert state == self.model[revision]
+        assert dict(state) == self.model[revision]
         if revision == INITIAL_REVISION:
             assert kind == 'initial'
         else:
@@ -550,13 +555,13 @@ class LineageMachine(RuleBasedStateMachine):
     def fail(self, worker) -> None:
         """A task loads the head, changes the cache's dict half-way and fails."""
         state, _ = self.cache(worker).load(ENTRY, self.head)
-        state[b'half-done'] = b'!'
+        if isinstance(state, dict):
+            state[b'half-done'] = b'!'
         self.cache(worker).drop(ENTRY)
 
     @rule(worker=st.integers(0, 2))
     def restart(self, worker) -> None:
-        self.caches[worker % len(self.caches)] = VersionedStateCache(
-            self.store, self.snapshot_every)
+        self.caches[worker % len(self.caches)] = self.new_cache(worker % len(self.caches))
 
     @invariant()
     def the_head_loads_in_a_fresh_worker(self) -> None:

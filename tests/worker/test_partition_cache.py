@@ -59,6 +59,13 @@ class DictBackend(KeyedStateBackend):
         self.delete(key, VALUE)
 
 
+@pytest.fixture(autouse=True)
+def state_per_process(monkeypatch):
+    """The simulated workers keep their copies of the states in their own memory, as
+    workers of different hosts do (the host's shared live states: the tests at the end)."""
+    monkeypatch.setenv(partition_cache.LIVE_STATE_ENV, 'process')
+
+
 @pytest.fixture
 def processes(monkeypatch):
     """`processes.switch(i)` makes the cache look like Python worker i's."""
@@ -359,3 +366,45 @@ def test_a_task_that_does_not_see_the_drivers_store_fails_clearly(tmp_path, monk
     partition_cache.mark_run(other_host, 'runs/r2/', 'r1')  # another run's mark
     with pytest.raises(StoreNotSharedError):
         partition_cache.check_run_mark(other_host, 'runs/r2/', 'r2')
+
+
+# The host's live states ------------------------------------------------------------------
+@pytest.fixture
+def on_one_host(monkeypatch, tmp_path):
+    """Workers keep their copies in the host's live states, under `tmp_path`/host."""
+    monkeypatch.delenv(partition_cache.LIVE_STATE_ENV)
+    monkeypatch.setattr(partition_cache, 'host_state_root', lambda: str(tmp_path / 'host'))
+    return tmp_path / 'host'
+
+
+def test_another_worker_of_the_host_reads_the_hosts_copy(run, processes, on_one_host):
+    """The worker that never held the partition loads it from the host's copy ('hit'),
+    without reading the store; the first worker, back, takes the second's revision the
+    same way; a worker of another host (in-memory copies) catches up from the store."""
+    kinds = collections.Counter()
+
+    def epoch(number: int, writes: dict) -> DictBackend:
+        parent = Revision(number - 1) if number else INITIAL_REVISION
+        backend = PartitionStateCache.load(run.store, run.id, NAME, parent, DictBackend, kinds)
+        write(backend, writes)
+        run.commit(Revision(number), parent, backend)
+        return backend
+
+    first = epoch(0, {b'a': b'1', b'b': b'2'})
+    assert epoch(1, {b'c': b'3'}) is first
+    processes.switch(1)
+    second = epoch(2, {b'a': None})
+    assert second.restored and second.values == {b'b': b'2', b'c': b'3'}
+    processes.switch(0)
+    assert epoch(3, {b'd': b'4'}).values == {b'b': b'2', b'c': b'3', b'd': b'4'}
+    assert kinds == {'initial': 1, 'live': 1, 'hit': 2}
+    assert all(cache.stats['bytes_read'] == 0 for cache in PartitionStateCache._caches.values())
+    assert any(on_one_host.iterdir())
+
+
+def test_a_forgotten_runs_host_copies_are_deleted(tmp_path, processes, on_one_host):
+    runs = [Run(tmp_path / f'state-{i}', f'run-{i}') for i in range(5)]
+    for each in runs:
+        run_epoch(each, 0, {b'a': b'1'})
+    assert sorted(p.name for p in on_one_host.iterdir()) == ['run-1', 'run-2', 'run-3',
+                                                             'run-4']
