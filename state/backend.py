@@ -73,8 +73,9 @@ class PagedState(Protocol):
     """A full state read on demand (a partition's live copy on its host: see
     `host_state.HostStateView`)."""
 
-    def scan(self) -> Iterator[tuple[bytes, bytes | memoryview]]:
-        """Every key with its value (a buffer valid until the next item)."""
+    def scan(self) -> Iterator[tuple[bytes, bytes | memoryview, int]]:
+        """Every key with the head of its value (a buffer valid until the next item: at
+        least its `head_length`) and the length of the rest."""
 
     def fetch(self, name: bytes) -> bytes | None:
         """One key's value."""
@@ -358,8 +359,10 @@ class KeyedStateBackend:
         timers: dict[str, list] = {EVENT_TIME: [], PROCESSING_TIME: []}
         paged = isinstance(state, PagedState)
         meta_seen = False
+        entries = (state.scan() if paged
+                   else ((name, value, 0) for name, value in state.items()))
         with _collector_paused():
-            for name, value in (state.scan() if paged else state.items()):
+            for name, value, more in entries:
                 if name[:1] == _KEY:
                     key = name[1:]
                     (key_windows, hold, event, processing), body = split_entry(value)
@@ -369,7 +372,7 @@ class KeyedStateBackend:
                         holds.append((hold, key))
                     timers[EVENT_TIME].extend(_restored_timers(key, event))
                     timers[PROCESSING_TIME].extend(_restored_timers(key, processing))
-                    if body:
+                    if body or more:
                         self._raw[key] = None if paged else body
                 elif name == _META:
                     meta, event_seq, processing_seq = pickle.loads(value)
@@ -416,6 +419,14 @@ class KeyedStateBackend:
 
 
 _MISSING = object()
+
+
+def head_length(name: bytes, value: bytes) -> int:
+    """How much of a persisted value a restore reads at once (the rest, a key's values,
+    when the key is first used): a key's header, or a partition's value whole."""
+    if name[:1] != _KEY:
+        return len(value)
+    return _HEADER_LENGTH.size + _HEADER_LENGTH.unpack_from(value)[0]
 
 
 def split_entry(value: bytes) -> tuple[tuple, memoryview]:

@@ -23,8 +23,9 @@ process at a time open a database for writing (docs/decisions.md).
 Layout, in the environment's main database: per state (entry) an 8-byte id (a hash
 of the entry's name); under the id alone the state's record (name, revision, parent,
 chain, chain bytes, state bytes, key count, marshal); under id + b'\\0' + key each
-value; a key too long for LMDB goes under id + b'\\1' + its SHA-256, its value
-prefixed by the key.
+value (a key too long for LMDB: under id + b'\\1' + its SHA-256, the key in the
+value), after a flags byte. The tail of a long value, what a scan does not read, is
+in the database 'tails' under the same key.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import ClassVar
 
 import lmdb
@@ -48,9 +49,12 @@ from beam_streams_runner.state.versioned_state import CachedState, Revision
 MAP_SIZE = 1 << 40
 MAX_READERS = 1024
 _ID_SIZE = 8
-_SHORT = b'\0'
-_LONG = b'\1'
-_KEY_LENGTH = struct.Struct('<I')
+_HASHED = 1  # the byte after a state's id when the key is hashed
+_LONG_KEY = 1  # flags of a stored value
+_HAS_TAIL = 2
+_LENGTH = struct.Struct('<I')
+# Values longer than this keep what a scan does not need apart (`HostCopies`).
+SPLIT_ABOVE = 4096
 # The environment's home under the executor's local directory (which Spark deletes
 # when the executor stops), or under the system's temporary directory.
 HOME_NAME = 'beam-streams-live-state'
@@ -96,6 +100,7 @@ class HostStateStore:
         self._pid = -1
         self._lock = threading.Lock()
         self.max_key = 0
+        self.tails: object = None  # the database of the values' tails (`HostCopies`)
 
     def env(self) -> lmdb.Environment:
         if self._env is None or self._pid != os.getpid():
@@ -106,8 +111,9 @@ class HostStateStore:
                     os.makedirs(self.path, exist_ok=True)
                     self._env = lmdb.open(self.path, map_size=self._map_size, subdir=True,
                                           sync=False, metasync=False, readahead=False,
-                                          max_readers=MAX_READERS, max_dbs=0)
+                                          max_readers=MAX_READERS, max_dbs=1)
                     self._env.reader_check()  # slots of killed workers
+                    self.tails = self._env.open_db(b'tails')
                     self._pid = os.getpid()
                     self.max_key = self._env.max_key_size()
         return self._env
@@ -135,10 +141,19 @@ def entry_id(entry: str) -> bytes:
 
 class HostCopies:
     """A `VersionedStateCache`'s copies of its states, kept in the host's environment
-    (see `versioned_state.MemoryCopies` for the contract)."""
+    (see `versioned_state.MemoryCopies` for the contract).
 
-    def __init__(self, host: HostStateStore) -> None:
+    `head_of(key, value)`: how many leading bytes of a value a scan reads (a keyed-state
+    backend's per-key header); a value longer than `split_above` keeps the rest apart,
+    so that a scan of a large state reads its heads only (LMDB faults in every page of
+    a value it returns)."""
+
+    def __init__(self, host: HostStateStore,
+                 head_of: Callable[[bytes, bytes], int] | None = None,
+                 split_above: int = SPLIT_ABOVE) -> None:
         self.host = host
+        self._head_of = head_of
+        self._split_above = split_above
 
     def get(self, entry: str) -> CachedState | None:
         env = self._env()
@@ -159,10 +174,10 @@ class HostCopies:
             return
         ident = entry_id(entry)
         with env.begin(write=True) as txn:
-            _clear(txn, ident)
+            _clear(txn, self.host.tails, ident)
             nbytes = count = 0
             for key, value in cached.state.items():
-                txn.put(*self._pair(ident, key, value))
+                self._put(txn, ident, key, value)
                 nbytes += len(key) + len(value)
                 count += 1
             txn.put(ident, _pack(entry, cached, nbytes, count))
@@ -184,7 +199,7 @@ class HostCopies:
             for pairs, deleted in changes:
                 for key, value in pairs.items():
                     old = self._remove(txn, ident, key)
-                    txn.put(*self._pair(ident, key, value))
+                    self._put(txn, ident, key, value)
                     nbytes += len(value) - (old if old is not None else -len(key))
                     count += old is None
                 for key in deleted:
@@ -197,11 +212,11 @@ class HostCopies:
         return True
 
     def drop(self, entry: str) -> None:
-        """Forgets the copy (its record first: without it no load reads the values)."""
+        """Forgets the copy: its record, values and tails."""
         env = self._env()
         if env is not None:
             with env.begin(write=True) as txn:
-                _clear(txn, entry_id(entry))
+                _clear(txn, self.host.tails, entry_id(entry))
 
     def _env(self) -> lmdb.Environment | None:
         """The environment, or None in a process forked from the one that opened it
@@ -211,26 +226,39 @@ class HostCopies:
         except _Unavailable:
             return None
 
-    def _pair(self, ident: bytes, key: bytes, value: bytes) -> tuple[bytes, bytes]:
-        if len(key) + _ID_SIZE + 1 <= self.host.max_key:
-            return ident + _SHORT + key, value
-        return (ident + _LONG + hashlib.sha256(key).digest(),
-                _KEY_LENGTH.pack(len(key)) + key + value)
+    def _put(self, txn: lmdb.Transaction, ident: bytes, key: bytes, value: bytes) -> None:
+        head = len(value)
+        if head > self._split_above and self._head_of is not None:
+            head = min(head, self._head_of(key, value))
+        stored = _stored_key(ident, key, self.host.max_key)
+        parts = [bytes([(_LONG_KEY if stored[_ID_SIZE] == _HASHED else 0)
+                        | (_HAS_TAIL if head < len(value) else 0)])]
+        if stored[_ID_SIZE] == _HASHED:
+            parts += [_LENGTH.pack(len(key)), key]
+        if head < len(value):
+            parts.append(_LENGTH.pack(len(value) - head))
+            txn.put(stored, memoryview(value)[head:], db=self.host.tails)
+        parts.append(memoryview(value)[:head])
+        txn.put(stored, b''.join(parts))
 
     def _remove(self, txn: lmdb.Transaction, ident: bytes, key: bytes) -> int | None:
         """Deletes `key`'s value; returns its length (None if it had none)."""
-        stored, _ = self._pair(ident, key, b'')
-        old = txn.pop(stored)
+        stored = _stored_key(ident, key, self.host.max_key)
+        old = txn.get(stored)
         if old is None:
             return None
-        return len(old) if stored[_ID_SIZE:_ID_SIZE + 1] == _SHORT else len(old) - 4 - len(key)
+        _, head, tail = _parse(stored, old)
+        txn.delete(stored)
+        if tail:
+            txn.delete(stored, db=self.host.tails)
+        return len(head) + tail
 
 
 class HostStateView(Mapping):
     """A state of the host's environment at one revision: every read checks that the
-    copy is still at it (else `HostStateChanged`). `scan` yields every key with its
-    value as a buffer valid until the next item (for indexing without copying);
-    `fetch` reads one value. `nbytes`: the bytes of its keys and values."""
+    copy is still at it (else `HostStateChanged`). `scan` yields every key with the
+    head of its value (a buffer valid until the next item) and the length of the rest;
+    `fetch` reads one whole value. `nbytes`: the bytes of its keys and values."""
 
     def __init__(self, host: HostStateStore, entry: str, revision: Revision, nbytes: int,
                  count: int) -> None:
@@ -247,24 +275,28 @@ class HostStateView(Mapping):
         self.revision = revision
 
     def fetch(self, key: bytes) -> bytes | None:
-        with self._begin() as txn:
-            return _value_of(txn, self._ident, key, self.host.max_key)
+        with self.host.env().begin(buffers=True) as txn:
+            self._check(txn)
+            stored = _stored_key(self._ident, key, self.host.max_key)
+            value = txn.get(stored)
+            if value is None:
+                return None
+            _, head, tail = _parse(stored, value)
+            if not tail:
+                return bytes(head)
+            return b''.join((head, txn.get(stored, db=self.host.tails)))
 
-    def scan(self) -> Iterator[tuple[bytes, memoryview]]:
+    def scan(self) -> Iterator[tuple[bytes, memoryview, int]]:
         with self.host.env().begin(buffers=True) as txn:
             self._check(txn)
             cursor = txn.cursor()
-            if not cursor.set_range(self._ident + _SHORT):
+            if not cursor.set_range(self._ident + b'\0'):
                 return
             for stored, value in cursor:
                 stored = bytes(stored)
                 if stored[:_ID_SIZE] != self._ident:
                     return
-                if stored[_ID_SIZE:_ID_SIZE + 1] == _SHORT:
-                    yield stored[_ID_SIZE + 1:], value
-                else:
-                    (length,) = _KEY_LENGTH.unpack_from(value)
-                    yield bytes(value[4:4 + length]), value[4 + length:]
+                yield _parse(stored, value)
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self.fetch(key)
@@ -273,22 +305,18 @@ class HostStateView(Mapping):
         return value
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter([key for key, _ in self.scan()])
+        return iter([key for key, _, _ in self.scan()])
 
     def __len__(self) -> int:
         return self._count
 
     def items(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
-        return [(key, bytes(value)) for key, value in self.scan()]
-
-    def _begin(self) -> lmdb.Transaction:
-        txn = self.host.env().begin()
-        try:
+        with self.host.env().begin(buffers=True) as txn:
             self._check(txn)
-        except BaseException:
-            txn.abort()
-            raise
-        return txn
+            tails = self.host.tails
+            return [(key, bytes(head) if not tail else b''.join(
+                (head, txn.get(_stored_key(self._ident, key, self.host.max_key), db=tails))))
+                for key, head, tail in self.scan()]
 
     def _check(self, txn: lmdb.Transaction) -> None:
         record = _record(txn, self.entry)
@@ -326,20 +354,39 @@ def _pack(entry: str, cached: CachedState, nbytes: int, count: int) -> bytes:
                           [tuple(r) for r in cached.chain], cached.chain_bytes, nbytes, count))
 
 
-def _clear(txn: lmdb.Transaction, ident: bytes) -> None:
+def _clear(txn: lmdb.Transaction, tails: object, ident: bytes) -> None:
     txn.delete(ident)
     cursor = txn.cursor()
-    if cursor.set_range(ident + _SHORT):
+    if cursor.set_range(ident + b'\0'):
         while cursor.key()[:_ID_SIZE] == ident:
+            if cursor.value()[0] & _HAS_TAIL:
+                txn.delete(cursor.key(), db=tails)
             if not cursor.delete():
                 break
 
 
-def _value_of(txn: lmdb.Transaction, ident: bytes, key: bytes, max_key: int) -> bytes | None:
+def _stored_key(ident: bytes, key: bytes, max_key: int) -> bytes:
+    """Where `key`'s value goes: after the state's id, the key itself, or its hash when
+    LMDB's keys cannot hold it."""
     if len(key) + _ID_SIZE + 1 <= max_key:
-        return txn.get(ident + _SHORT + key)
-    stored = txn.get(ident + _LONG + hashlib.sha256(key).digest())
-    if stored is None:
-        return None
-    (length,) = _KEY_LENGTH.unpack_from(stored)
-    return stored[4 + length:]
+        return ident + b'\0' + key
+    return ident + bytes([_HASHED]) + hashlib.sha256(key).digest()
+
+
+def _parse(stored: bytes, value: memoryview | bytes) -> tuple[bytes, memoryview, int]:
+    """(key, head of the value, length of its tail) of a stored value: a flags byte, the
+    key (length-prefixed) if it is hashed in `stored`, the tail's length if it has one,
+    then the head."""
+    flags = value[0]
+    offset = 1
+    if flags & _LONG_KEY:
+        (length,) = _LENGTH.unpack_from(value, offset)
+        key = bytes(value[offset + 4:offset + 4 + length])
+        offset += 4 + length
+    else:
+        key = stored[_ID_SIZE + 1:]
+    tail = 0
+    if flags & _HAS_TAIL:
+        (tail,) = _LENGTH.unpack_from(value, offset)
+        offset += 4
+    return key, memoryview(value)[offset:], tail

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from beam_streams_runner.errors import StoreNotSharedError
-from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.backend import KeyedStateBackend, head_length
 from beam_streams_runner.state.host_state import HostCopies, HostStateStore, host_state_root
 from beam_streams_runner.state.versioned_state import (
     Revision,
@@ -125,7 +125,7 @@ class PartitionStateCache:
             if cache is None:
                 copies = None
                 if os.environ.get(LIVE_STATE_ENV) != 'process':
-                    copies = HostCopies(HostStateStore.at(host_state_path(store_id)))
+                    copies = HostCopies(HostStateStore.at(host_state_path(store_id)), head_length)
                 cache = VersionedStateCache(store, snapshot_every=SNAPSHOT_EVERY,
                                             snapshot_bytes_ratio=SNAPSHOT_BYTES_RATIO,
                                             max_chain=MAX_CHAIN, copies=copies)

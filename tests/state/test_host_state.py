@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_versioned_state import ENTRY, LineageMachine
 
-from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.state.backend import KeyedStateBackend, head_length
 from beam_streams_runner.state.host_state import (
     HostCopies,
     HostStateChanged,
@@ -49,8 +49,13 @@ def cached(revision: int, state: dict[bytes, bytes], parent: int | None = None) 
                        Revision(parent), 0)
 
 
-def test_a_copy_round_trips_and_counts_its_bytes(host):
-    copies = HostCopies(host)
+# Values split after their first 2 bytes when longer than 3, or kept whole.
+SPLITS = {'whole': {}, 'split': {'head_of': lambda key, value: 2, 'split_above': 3}}
+
+
+@pytest.mark.parametrize('split', sorted(SPLITS))
+def test_a_copy_round_trips_and_counts_its_bytes(host, split):
+    copies = HostCopies(host, **SPLITS[split])
     state = {b'a': b'1', b'bb': b'22', LONG_KEY: b'long', b'': b'empty key'}
     copies.put(ENTRY, cached(3, dict(state)))
     copy = copies.get(ENTRY)
@@ -66,6 +71,15 @@ def test_a_copy_round_trips_and_counts_its_bytes(host):
     assert (copy.revision, copy.parent) == ((4, 0), (3, 0))
     assert dict(copy.state) == expected and len(copy.state) == 3
     assert copy.state.nbytes == sum(len(k) + len(v) for k, v in expected.items())
+    heads = {key: (bytes(head), more) for key, head, more in copy.state.scan()}
+    assert heads[b'a'] == (b'111', 0)  # not longer than 3
+    if split == 'split':
+        assert heads[b''] == (b'em', 7) and heads[LONG_KEY] == (b'lo', 4)
+    else:
+        assert heads[b''] == (b'empty key', 0)
+    copies.drop(ENTRY)
+    with host.env().begin() as txn:
+        assert txn.stat(host.tails)['entries'] == 0
 
 
 def test_a_copy_advances_only_from_the_revision_it_holds(host):
@@ -161,9 +175,12 @@ def sample_backend() -> KeyedStateBackend:
 def test_a_backend_restored_from_a_copy_reads_values_of_the_keys_it_uses(host):
     original = sample_backend()
     snapshot = original.snapshot()
-    copies = HostCopies(host)
+    copies = HostCopies(host, head_length, split_above=0)  # every key's values apart
     copies.put(ENTRY, cached(1, dict(snapshot)))
     view = copies.get(ENTRY).state
+    for name, head, more in view.scan():
+        assert len(head) == head_length(name, snapshot[name])
+        assert more == len(snapshot[name]) - len(head)
     fetched = []
     fetch = view.fetch
     view.fetch = lambda name: fetched.append(name) or fetch(name)
@@ -187,9 +204,9 @@ OPS = st.lists(st.tuples(st.sampled_from(['put', 'delete', 'delete_key', 'timer'
                          st.integers(0, 60), st.integers(0, 9)), max_size=40)
 
 
-@given(ops=OPS)
+@given(ops=OPS, split_above=st.sampled_from([0, 40, 4096]))
 @settings(max_examples=40, deadline=None)
-def test_a_backend_over_a_copy_behaves_as_one_over_the_whole_state(ops):
+def test_a_backend_over_a_copy_behaves_as_one_over_the_whole_state(ops, split_above):
     """The same operations on a backend restored from a dict and on one restored from
     the host's copy of it give the same reads, deltas and snapshots."""
     original = sample_backend()
@@ -197,7 +214,7 @@ def test_a_backend_over_a_copy_behaves_as_one_over_the_whole_state(ops):
     root = tempfile.mkdtemp()
     try:
         host = HostStateStore.at(root)
-        copies = HostCopies(host)
+        copies = HostCopies(host, head_length, split_above)
         copies.put(ENTRY, cached(1, dict(snapshot)))
         whole, paged = KeyedStateBackend(track_changes=True), KeyedStateBackend(
             track_changes=True)
@@ -228,7 +245,7 @@ def test_a_backend_over_a_copy_behaves_as_one_over_the_whole_state(ops):
 class HostsLineageMachine(LineageMachine):
     """`LineageMachine` with workers on two hosts: worker w keeps its copies in host
     w % 2's live states (workers 0 and 2 share one), and a restarted worker finds its
-    host's copies still there."""
+    host's copies still there. Host 1 splits its values."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -237,7 +254,8 @@ class HostsLineageMachine(LineageMachine):
 
     def new_cache(self, worker: int) -> VersionedStateCache:
         return VersionedStateCache(self.store, self.snapshot_every,
-                                   copies=HostCopies(self.hosts[worker % 2]))
+                                   copies=HostCopies(self.hosts[worker % 2], **SPLITS[
+                                       'split' if worker % 2 else 'whole']))
 
     def teardown(self) -> None:
         for host in self.hosts:
