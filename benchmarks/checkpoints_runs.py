@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from benchmarks import checkpoints_logs as logs_of
 from benchmarks import checkpoints_pipeline as pipeline
 from benchmarks import sink_check
+from benchmarks.children import REPO_ROOT, child_environment
 
 STORES = ('file', 'redis')
 MODES = ('blocking', 'non_blocking')
@@ -169,17 +170,14 @@ def launch(config: Config, repeat: int, events: int, store_url: str | None,
     sink_dir = tempfile.mkdtemp(prefix='sink-', dir=work)
     result_path = os.path.join(work, f'{name}.json')
     marker = os.path.join(work, f'{name}.fault')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
     # The runner's home (its journal of jobs, default stores) is the invocation's own.
-    env['BEAM_STREAMS_RUNNER_HOME'] = os.path.join(work, 'runner-home')
+    env = child_environment(BEAM_STREAMS_RUNNER_HOME=os.path.join(work, 'runner-home'))
     command = child_command(config, events, sink_dir, result_path, store_url, runner_args,
                             name, fault, marker)
     log_path = os.path.join(logs, name + '.log')
     started = time.monotonic()
     with open(log_path, 'w', encoding='utf-8') as log:
-        process = subprocess.Popen(command, cwd=root, env=env, stdout=log,
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = process.wait(timeout=timeout_s)

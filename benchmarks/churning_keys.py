@@ -8,19 +8,29 @@ combining state and, on an event-time timer at the window's end, emits the count
 clears the state; the stream ends, so the watermark passes every window and every key
 is flushed.
 
-`run_one` runs it once in this process and returns its wall time and the verdict of its
+Case `gbk` counts the same events with a windowed GroupByKey and a sum instead of the
+stateful DoFn (the same output).
+
+`run_one` runs it once in this process and returns its wall time, the verdict of its
 output (`expected_lines`: one `key TAB window start TAB count` per key and window,
-computed with the same float arithmetic and timestamp rounding as the source), as the
-JSON line `python -m benchmarks.churning_keys --events N [runner options]` prints.
+computed with the same float arithmetic and timestamp rounding as the source), its
+steady rate (events/s from the epoch by which `STEADY_FROM` of the events were read to
+the last, from the runner's progress records), how the partitions loaded their state
+(`state_loads`, `state_load_ms` per kind) and the Python workers' memory (PSS, MB)
+once a tenth of the events were read and at the end, as the JSON line
+`python -m benchmarks.churning_keys --events N [--case dofn|gbk] [runner options]`
+prints.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 
@@ -33,13 +43,16 @@ from apache_beam.utils.timestamp import Timestamp
 
 import beam_streams_runner  # noqa: F401 - makes runner='StreamsSparkRunner' known
 from benchmarks import sink_check
-from benchmarks.keyed_state_gc import CountUntilWindowEnd
+from benchmarks.keyed_state_gc import CountUntilWindowEnd, python_worker_memory
 
 START = 1_000_000_000.0  # event time of event 0 (2001): long past, read at full speed
 WINDOW_S = 1
 KEYS_PER_WINDOW = 1000
 EVENTS_PER_KEY = 5
 INTERVAL_S = WINDOW_S / (KEYS_PER_WINDOW * EVENTS_PER_KEY)
+CASES = ('dofn', 'gbk')
+STEADY_FROM = 0.2  # the steady state starts once this share of the events was read
+MEMORY_EVERY_S = 0.5
 
 
 def stream_end(events: int) -> float:
@@ -51,15 +64,20 @@ def event_index(t: float) -> int:
     return round((float(t) - START) / INTERVAL_S)
 
 
-def build(p: beam.Pipeline, events: int, sink_prefix: str) -> None:
-    _ = (p
-         | 'Events' >> PeriodicImpulse(START, stream_end(events), INTERVAL_S)
-         # Typed, so the keys get a deterministic coder (VarInt).
-         | 'Key' >> beam.Map(lambda t: (event_index(t) // EVENTS_PER_KEY, 1)
-                             ).with_output_types(tuple[int, int])
-         | 'Window' >> beam.WindowInto(window.FixedWindows(WINDOW_S))
-         | 'Count' >> beam.ParDo(CountUntilWindowEnd())
-         | 'Write' >> beam.ParDo(sink_check.CountingSink(sink_prefix, output_line)))
+def build(p: beam.Pipeline, events: int, sink_prefix: str, case: str = 'dofn') -> None:
+    windowed = (p
+                | 'Events' >> PeriodicImpulse(START, stream_end(events), INTERVAL_S)
+                # Typed, so the keys get a deterministic coder (VarInt).
+                | 'Key' >> beam.Map(lambda t: (event_index(t) // EVENTS_PER_KEY, 1)
+                                    ).with_output_types(tuple[int, int])
+                | 'Window' >> beam.WindowInto(window.FixedWindows(WINDOW_S)))
+    if case == 'dofn':
+        counts = windowed | 'Count' >> beam.ParDo(CountUntilWindowEnd())
+    else:
+        counts = (windowed
+                  | 'Group' >> beam.GroupByKey()
+                  | 'Sum' >> beam.MapTuple(lambda key, ones: (key, sum(ones))))
+    _ = counts | 'Write' >> beam.ParDo(sink_check.CountingSink(sink_prefix, output_line))
 
 
 def output_line(counted: tuple[int, int], w: window.IntervalWindow, t: Timestamp) -> list[str]:
@@ -76,29 +94,106 @@ def expected_lines(events: int) -> list[str]:
     return [f'{key}\t{start}\t{count}' for (key, start), count in counts.items()]
 
 
-def run_one(events: int, runner_args: Sequence[str]) -> dict:
-    """One run in this process: {'wall_s', 'state', 'verdict', 'events_per_s', 'lines'}."""
+def run_one(events: int, runner_args: Sequence[str], case: str = 'dofn') -> dict:
+    """One run in this process: {'wall_s', 'state', 'verdict', 'events_per_s',
+    'steady_events_per_s', 'lines', 'state_loads', 'state_load_ms', 'pss_mb_tenth',
+    'pss_mb_end'} (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix='churn-') as sink_dir:
         p = beam.Pipeline(runner='StreamsSparkRunner',
                           options=PipelineOptions(['--streaming', *runner_args]))
-        build(p, events, os.path.join(sink_dir, 'out'))
+        build(p, events, os.path.join(sink_dir, 'out'), case)
+        memory = MemorySampler()
         started = time.monotonic()
-        state = p.run().wait_until_finish()
+        result = p.run()
+        with memory:
+            state = result.wait_until_finish()
         wall_s = time.monotonic() - started
         lines = sink_check.read_sink(sink_dir).lines
     verdict = (sink_check.lines_verdict(lines, expected_lines(events))
                if state == PipelineState.DONE else f'failed: the run ended {state}')
+    records = result.progress()
+    loads: collections.Counter = collections.Counter()
+    load_ms: collections.Counter = collections.Counter()
+    for record in records:
+        loads.update(record.get('state_loads') or {})
+        load_ms.update(record.get('state_load_ms') or {})
+    points = read_points(records)
+    ok = sink_check.is_ok(verdict)
     return {'wall_s': round(wall_s, 2), 'state': str(state), 'verdict': verdict,
             'events_per_s': sink_check.throughput(verdict, events, wall_s),
-            'lines': len(lines)}
+            'steady_events_per_s': steady_rate(points, events) if ok else '',
+            'lines': len(lines), 'state_loads': dict(loads),
+            'state_load_ms': {kind: round(ms, 1) for kind, ms in load_ms.items()},
+            'pss_mb_tenth': memory.pss_at(_time_reaching(points, events / 10)),
+            'pss_mb_end': memory.pss_at(None)}
+
+
+def read_points(records: Sequence[dict]) -> list[tuple[float, int]]:
+    """(end of the epoch, seconds since the Unix epoch; events read so far) of each kept
+    progress record (the runner keeps the last 100: the count starts at the first)."""
+    points, read = [], 0
+    for record in records:
+        start = datetime.datetime.fromisoformat(record['timestamp'].replace('Z', '+00:00'))
+        read += sum(source['elements'] for source in record['sources'].values())
+        points.append((start.timestamp() + record['duration_ms'] / 1000, read))
+    return points
+
+
+def steady_rate(points: Sequence[tuple[float, int]], events: int) -> int | str:
+    """Events/s from the end of the first epoch by which `STEADY_FROM` of `events` were
+    read to the end of the last; '' without enough epochs."""
+    start = next((p for p in points if p[1] >= STEADY_FROM * events), None)
+    if start is None or points[-1][0] <= start[0]:
+        return ''
+    return round((points[-1][1] - start[1]) / (points[-1][0] - start[0]))
+
+
+def _time_reaching(points: Sequence[tuple[float, int]], read: float) -> float | None:
+    return next((t for t, n in points if n >= read), None)
+
+
+class MemorySampler:
+    """Samples the Python workers' memory (`python_worker_memory`) in a thread while the
+    block runs; `pss_at(t)`: the PSS (MB) of the first sample at or after `t` (seconds
+    since the Unix epoch; None: the last sample), '' without samples."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(MEMORY_EVERY_S):
+            memory = python_worker_memory()
+            if memory is not None and memory[2]:
+                self.samples.append((time.time(), memory[1]))
+
+    def pss_at(self, t: float | None) -> float | str:
+        if not self.samples:
+            return ''
+        if t is None:
+            return round(self.samples[-1][1], 1)
+        return round(next((mb for when, mb in self.samples if when >= t),
+                          self.samples[-1][1]), 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     events = next((int(a.split('=', 1)[1]) for a in args if a.startswith('--events=')),
                   100_000)
-    runner_args = [a for a in args if not a.startswith('--events=')]
-    print(json.dumps(run_one(events, runner_args)), flush=True)
+    case = next((a.split('=', 1)[1] for a in args if a.startswith('--case=')), 'dofn')
+    if case not in CASES:
+        raise SystemExit(f'--case={case}: not one of {", ".join(CASES)}')
+    runner_args = [a for a in args if not a.startswith(('--events=', '--case='))]
+    print(json.dumps(run_one(events, runner_args, case)), flush=True)
     return 0
 
 

@@ -45,18 +45,13 @@ import time
 from collections.abc import Sequence
 
 from benchmarks import sink_check
+from benchmarks.children import REPO_ROOT as ROOT
+from benchmarks.children import child_environment
 from benchmarks.nexmark.runs import ship_benchmarks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL = 'local[2]'
 CASES = {'start-up': None, 'batch': False, 'streaming': True, 'churning keys': None}
 FIELDS = ('case', 'master', 'wall_s', 'events', 'events_per_s', 'verdict', 'note')
-
-
-def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
-    return env
 
 
 def _run(command: Sequence[str], log_path: str, timeout_s: float) -> tuple[int, str, float]:
@@ -64,7 +59,7 @@ def _run(command: Sequence[str], log_path: str, timeout_s: float) -> tuple[int, 
     started = time.monotonic()
     with open(log_path, 'w', encoding='utf-8') as log:
         try:
-            done = subprocess.run(list(command), cwd=ROOT, env=_environment(),
+            done = subprocess.run(list(command), cwd=ROOT, env=child_environment(),
                                   stdout=subprocess.PIPE, stderr=log, text=True,
                                   timeout=timeout_s, stdin=subprocess.DEVNULL)
             code, out = done.returncode, done.stdout

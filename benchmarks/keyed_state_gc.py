@@ -112,6 +112,7 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, 
 import beam_streams_runner  # noqa: F401 - registers the short runner name
 from beam_streams_runner.metrics import RUNNER_NAMESPACE
 from benchmarks import sink_check
+from benchmarks.children import REPO_ROOT, child_environment
 from benchmarks.nexmark import launcher, runs, verdicts
 from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
@@ -722,13 +723,10 @@ def run_in_subprocess(case: str, gc: bool, argv: Sequence[str], out: str) -> dic
     name = f"{case}-gc-{'on' if gc else 'off'}"
     with tempfile.NamedTemporaryFile(suffix='.json', delete=False) as f:
         result_path = f.name
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
     command = [sys.executable, '-m', 'benchmarks.keyed_state_gc', '--run-one', case,
                f"--gc={'on' if gc else 'off'}", f'--result={result_path}', *argv]
     with open(os.path.join(logs, name + '.log'), 'w') as log:
-        code = subprocess.call(command, cwd=root, env=env, stderr=log)
+        code = subprocess.call(command, cwd=REPO_ROOT, env=child_environment(), stderr=log)
     try:
         with open(result_path) as f:
             return json.load(f)

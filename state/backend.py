@@ -156,6 +156,14 @@ class KeyedStateBackend:
             if self._changed is not None:
                 self._changed.add(key)
 
+    def swap(self, key: bytes, namespace: Namespace, value: Any) -> None:
+        """Replaces the value of `key` in `namespace` by another form of the same value
+        (decoded, say): no change to checkpoint."""
+        values = self._values.get(key)
+        if values is None:
+            values = self._decode(key)
+        values[namespace] = value
+
     def mark_changed(self, key: bytes) -> None:
         """A value of `key` was changed in place (a list appended to, a trigger state)."""
         if self._changed is not None:

@@ -33,7 +33,7 @@ from beam_streams_runner.metrics import MetricCells
 from beam_streams_runner.records import MAX_WATERMARK, Record
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.beam_timers import TimerReader
-from beam_streams_runner.state.beam_user_state import cheap_combining_state
+from beam_streams_runner.state.direct_user_state import direct_user_state
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.translators.operator import Bundle, Operator, OperatorServices
 from beam_streams_runner.translators.partial_combine import (
@@ -210,7 +210,7 @@ class FusedStageOperator(Operator):
             processor = processors.get(instruction_id, self.descriptor_id)
         else:
             # Only a new processor looks these up.
-            with cheap_combining_state(), task_partial_combines():
+            with direct_user_state(), task_partial_combines():
                 processor = processors.get(instruction_id, self.descriptor_id)
         self._partial_combines.hold(processor)
         try:

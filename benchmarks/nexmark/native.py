@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.children import REPO_ROOT, child_environment
 from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.verdicts import RunResult, first_line
@@ -27,7 +28,6 @@ NATIVE_SPARK = 'SparkNative'
 NATIVE_FLINK = 'FlinkNative'
 NATIVE_QUERIES = (0, 1, 2, 3, 5, 7)
 FLINK_SETUP = 'bash benchmarks/nexmark/setup_flink_venv.sh'
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def flink_python() -> str:
@@ -87,8 +87,7 @@ def run_logged(cmd: Sequence[str], log_path: str, timeout_s: float
                ) -> subprocess.CompletedProcess:
     """Run `cmd` from the repository with it on the PYTHONPATH, its output (after the
     command line) in `log_path`; raises `subprocess.TimeoutExpired` after `timeout_s`."""
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+    env = child_environment()
     with open(log_path, 'w', encoding='utf-8') as log:
         log.write(' '.join(cmd) + '\n')
         log.flush()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import itertools
 
+import pytest
+
 from benchmarks import churning_keys
 
 
@@ -21,7 +23,20 @@ def test_each_window_has_its_own_keys_and_every_event_is_counted():
     assert all(windows[a].isdisjoint(windows[b]) for a, b in itertools.pairwise(firsts))
 
 
-def test_a_run_on_the_runner_equals_the_reference(spark_session, spark_args):
-    figures = churning_keys.run_one(6_000, spark_args)
+@pytest.mark.parametrize('case', churning_keys.CASES)
+def test_a_run_on_the_runner_equals_the_reference(spark_session, spark_args, case):
+    """Both cases give every key's count; the run reports how its partitions loaded
+    their state and its Python workers' memory."""
+    figures = churning_keys.run_one(6_000, spark_args, case)
     assert figures['verdict'] == 'yes', figures
     assert figures['lines'] == len(churning_keys.expected_lines(6_000))
+    assert figures['state_loads'].get('initial', 0) > 0, figures
+    assert set(figures['state_load_ms']) == set(figures['state_loads'])
+    assert figures['pss_mb_end'] == '' or figures['pss_mb_end'] > 0
+
+
+def test_the_steady_rate_leaves_out_the_ramp_up():
+    points = [(100.0, 10), (101.0, 20), (102.0, 60), (104.0, 100)]
+    assert churning_keys.steady_rate(points, 100) == 27  # 80 events in 3 s, from event 20
+    assert churning_keys.steady_rate(points[:2], 100) == ''  # it starts at the last epoch
+    assert churning_keys.steady_rate([(100.0, 100)], 100) == ''

@@ -282,3 +282,24 @@ def test_workers_of_a_host_share_the_catch_up(tmp_path):
     second.commit(ENTRY, 1, {b'b': b'2'}, ())
     assert first.load(ENTRY, 1)[1] == 'hit'
     host.close(remove=True)
+
+
+def test_the_map_grows_when_full_and_other_workers_follow(tmp_path):
+    """A copy larger than the environment's map doubles the map until it fits; a worker
+    whose map another worker grew adopts the new size at its next transaction."""
+    small = HostStateStore(str(tmp_path / 'host'), map_size=1 << 16)
+    copies = HostCopies(small)
+    copies.put(ENTRY, cached(1, {b'big': b'x' * (1 << 20)}))
+    assert small.env().info()['map_size'] >= 1 << 20
+    child = f'''
+from beam_streams_runner.state.host_state import HostCopies, HostStateStore
+from beam_streams_runner.state.versioned_state import CachedState, Revision
+copies = HostCopies(HostStateStore({small.path!r}, map_size=1 << 16))
+held = copies.get({ENTRY!r}).revision
+after = CachedState(Revision(2), {{}}, [], held, 0)
+assert copies.advance({ENTRY!r}, held, after, [({{b'bigger': b'y' * (8 << 20)}}, [])])
+'''
+    subprocess.run([sys.executable, '-c', child], check=True, timeout=60)
+    copy = copies.get(ENTRY)
+    assert copy.revision == (2, 0) and len(copy.state[b'bigger']) == 8 << 20
+    small.close(remove=True)

@@ -3,8 +3,8 @@
 * `TimerReader` splits a stream of timers in Beam's encoding into the parts the
   timer queues keep (encoded key, encoded tag and windows, firing and hold
   micros, the timer's encoding) exactly as Beam's `TimerCoderImpl` reads them;
-* `CheapCombiningStateContext` gives every combining state a fresh CombineFn by
-  unpickling, and falls back to Beam's deep copy when pickle cannot do it;
+* `DirectUserStateContext` sets timers as the reader reads Beam's, and keeps every
+  direct state kind reading as Beam's semantics say, across bundles and checkpoints;
 * a `FusedStageOperator` over a restored `KeyedStateBackend` is lazy (untouched
   keys stay encoded, no timer is decoded) and a stage built afresh over a backend
   restored every epoch behaves as a live one, with combining state, event-time
@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import copy
-import pickle
 import random
+from types import SimpleNamespace
 
 import apache_beam as beam
 import pytest
 from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import combiners, userstate, window
@@ -32,10 +33,7 @@ from hypothesis import strategies as st
 from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.beam_timers import TimerReader
-from beam_streams_runner.state.beam_user_state import (
-    CheapCombiningStateContext,
-    _pickled_or_none,
-)
+from beam_streams_runner.state.direct_user_state import DirectUserStateContext
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from tests.state.test_backend import decoded
 
@@ -102,7 +100,7 @@ def test_timer_reader_splits_timers_as_beam_reads_them(data, key_coder, global_w
             assert whole == raw
 
 
-# CheapCombiningStateContext -----------------------------------------------------------
+# DirectUserStateContext ---------------------------------------------------------------
 
 class _Unpicklable(beam.CombineFn):
     """A sum holding a lambda: pickle cannot copy it, Beam's deep copy can."""
@@ -123,43 +121,120 @@ class _Unpicklable(beam.CombineFn):
         return acc
 
 
-class _OwnDeepCopy(combiners.CountCombineFn):
-    copies = 0
-
-    def __deepcopy__(self, memo):
-        type(self).copies += 1
-        return _OwnDeepCopy()
-
-
-def test_combine_fns_are_pickled_once_unless_pickle_cannot_copy_them():
-    assert pickle.loads(_pickled_or_none(combiners.CountCombineFn())).__class__ is (
-        combiners.CountCombineFn)
-    assert _pickled_or_none(_Unpicklable()) is None
-    assert _pickled_or_none(_OwnDeepCopy()) is None
+def direct_context(key_coder, window_coder, timer_specs=()):
+    """A `DirectUserStateContext` over a fresh backend (what a task's router points at),
+    with `timer_specs`' timer coders, and the backend."""
+    backend = KeyedStateBackend(track_changes=True)
+    router = SimpleNamespace(target=SimpleNamespace(state=backend))
+    context = DirectUserStateContext(SimpleNamespace(_underlying=router), 'transform',
+                                     key_coder, window_coder)
+    for spec in timer_specs:
+        timer_coder = coders._TimerCoder(key_coder, window_coder).get_impl()
+        context.add_timer_info(spec.name, bundle_processor.TimerInfo(timer_coder))
+    return context, backend
 
 
-def test_each_combining_state_gets_a_fresh_combine_fn():
-    spec = userstate.CombiningValueStateSpec('count', combiners.CountCombineFn())
-    fallback = userstate.CombiningValueStateSpec('sum', _Unpicklable())
-    own = userstate.CombiningValueStateSpec('own', _OwnDeepCopy())
-    context = CheapCombiningStateContext(None, 'transform', coders.StrUtf8Coder(),
-                                coders.GlobalWindowCoder())
-    beam_context = bundle_processor.FnApiUserStateContext(
-        None, 'transform', coders.StrUtf8Coder(), coders.GlobalWindowCoder())
-    copies_before = _OwnDeepCopy.copies
-    for state_spec in (spec, fallback, own):
-        states = [context.get_state(state_spec, key, window.GlobalWindow())
-                  for key in ('a', 'b')]
-        fns = [state._combinefn for state in states]
-        assert fns[0] is not fns[1] and state_spec.combine_fn not in fns
-        assert all(type(fn) is type(state_spec.combine_fn) for fn in fns)
-        theirs = beam_context.get_state(state_spec, 'a', window.GlobalWindow())
-        ours = states[0]
-        assert (ours._underlying_bag_state._state_key
-                == theirs._underlying_bag_state._state_key)
-        assert vars(ours._combinefn).keys() == vars(theirs._combinefn).keys()
-    assert _OwnDeepCopy.copies - copies_before == 3  # two of ours, one of Beam's
-    assert fallback.combine_fn.add(2, 3) == 5
+@given(data=st.data(), key_coder=st.sampled_from(sorted(KEY_CODERS)),
+       event_time=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_direct_timers_are_what_the_timer_reader_reads_of_beams(data, key_coder, event_time):
+    """A timer set or cleared through the direct context lands in the queue with the id,
+    firing and hold micros and payload that the runner's reader takes from the timer
+    Beam's `OutputTimer` writes."""
+    coder, keys = KEY_CODERS[key_coder]
+    spec = userstate.TimerSpec('t', TimeDomain.WATERMARK if event_time
+                               else TimeDomain.REAL_TIME)
+    context, backend = direct_context(coder, coders.IntervalWindowCoder(), [spec])
+    key, tag = data.draw(keys), data.draw(st.text(max_size=3))
+    start = data.draw(st.integers(-10**6, 10**6))
+    w = window.IntervalWindow(start, start + data.draw(st.integers(1, 100)))
+    fire = Timestamp(micros=data.draw(MILLIS) * 1000 + data.draw(st.integers(0, 999)))
+    input_ts, pane = Timestamp(micros=data.draw(MILLIS) * 1000), data.draw(PANES)
+    timer_coder = context.timer_coder(spec.name)
+    stream = _TimerStream()
+    bundle_processor.OutputTimer(key, w, input_ts, pane, spec.time_domain, spec.name,
+                                 timer_coder, stream).set(fire, dynamic_timer_tag=tag)
+    reader = TimerReader(coder.get_impl(), coders.IntervalWindowCoder())
+    [(encoded_key, ident, fire_us, hold_us, payload)] = reader.read(stream.get())
+
+    context.get_timer(spec, key, w, input_ts, pane).set(fire, dynamic_timer_tag=tag)
+    queue = backend.timers('event' if event_time else 'processing')
+    [(_, pending)] = queue.timers_of(encoded_key)
+    assert pending.timer_id == (encoded_key, ('transform', spec.name), ident)
+    assert (pending.fire_timestamp, pending.hold_timestamp, pending.payload) == (
+        fire_us, hold_us, payload)
+    context.get_timer(spec, key, w, input_ts, pane).clear(dynamic_timer_tag=tag)
+    assert not queue.timers_of(encoded_key)
+
+
+class _TimerStream(create_OutputStream):
+    """An output stream as `OutputTimer` writes to (the harness's flushes it)."""
+
+    def maybe_flush(self):
+        pass
+
+
+class _Model:
+    """What each state kind reads after the same calls, by Beam's semantics."""
+
+    def __init__(self):
+        self.bag, self.value, self.members, self.count = [], None, set(), 0
+
+
+STATE_CALLS = st.lists(st.tuples(st.sampled_from(['add', 'clear', 'commit', 'reload']),
+                                 st.integers(0, 5)), max_size=30)
+
+
+@given(calls=STATE_CALLS)
+@settings(max_examples=60, deadline=None)
+def test_direct_states_read_as_beams_and_checkpoint_as_the_protocols_bag(calls):
+    """Bag, read-modify-write, set and combining states through the direct context read
+    what Beam's semantics say after any calls, across bundles (`commit`, `reset`) and
+    across a checkpoint restored into a fresh backend (`reload`: the cells come back as
+    the protocol's encoded chunks and are decoded again); the protocol's handler reads
+    the same bag from a checkpointed cell."""
+    specs = {'bag': userstate.BagStateSpec('bag', coders.VarIntCoder()),
+             'value': userstate.ReadModifyWriteStateSpec('value', coders.VarIntCoder()),
+             'members': userstate.SetStateSpec('members', coders.VarIntCoder()),
+             'count': userstate.CombiningValueStateSpec('count', coders.VarIntCoder(),
+                                                        _Unpicklable())}
+    context, backend = direct_context(coders.StrUtf8Coder(), coders.GlobalWindowCoder())
+    model, w = _Model(), window.GlobalWindow()
+    for call, value in calls:
+        states = {name: context.get_state(spec, 'k', w) for name, spec in specs.items()}
+        if call == 'add':
+            states['bag'].add(value)
+            states['value'].write(value)
+            states['members'].add(value)
+            states['count'].add(value)
+            model.bag.append(value)
+            model.value = value
+            model.members.add(value)
+            model.count += value
+        elif call == 'clear':
+            for state in states.values():
+                state.clear()
+            model = _Model()
+        elif call == 'commit':
+            context.commit()
+            context.reset()
+        else:
+            snapshot = backend.snapshot()
+            backend = KeyedStateBackend(track_changes=True)
+            backend.restore(snapshot)
+            context._router.target.state = backend
+            context.reset()
+        states = {name: context.get_state(spec, 'k', w) for name, spec in specs.items()}
+        assert list(states['bag'].read()) == model.bag
+        assert states['value'].read() == model.value
+        assert states['members'].read() == model.members
+        assert states['count'].read() == model.count
+    snapshot = backend.snapshot()
+    protocol = KeyedStateBackend()
+    protocol.restore(snapshot)
+    namespace = ('transform', 'bag', coders.GlobalWindowCoder().encode(w))
+    cell = protocol.get(coders.StrUtf8Coder().get_impl().encode_nested('k'), namespace, ())
+    assert list(coders.VarIntCoder().get_impl().decode_all(b''.join(cell))) == model.bag
 
 
 # FusedStageOperator -------------------------------------------------------------------
@@ -306,9 +381,9 @@ def test_restore_decodes_nothing_until_a_key_is_used(fused_stage):
     assert not restored._raw and not restored.keys() and not restored.all_keys()
 
 
-def test_combining_state_factory_is_beams_again_after_building(fused_stage):
+def test_the_user_state_factory_is_beams_again_after_building(fused_stage):
     make, encode = fused_stage
     state = KeyedStateBackend(track_changes=True)
     run_epoch(make(state), state, encode, ([('a', 1, 1)], MAX_WATERMARK))
-    assert bundle_processor.FnApiUserStateContext is not CheapCombiningStateContext
+    assert bundle_processor.FnApiUserStateContext is not DirectUserStateContext
     assert copy.deepcopy(_CountAndFlush.COUNT.combine_fn) is not None

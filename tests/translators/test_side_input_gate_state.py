@@ -44,6 +44,7 @@ from beam_streams_runner.translators.side_input_gate import (
     CorruptGateStateError,
     SideInputGate,
 )
+from beam_streams_runner.worker import partition_cache
 from beam_streams_runner.worker.partition_cache import PartitionStateCache
 
 MAIN_WINDOWS = window.SlidingWindows(10, 5)
@@ -243,14 +244,19 @@ def test_released_pairs_come_out_in_arrival_order_after_a_restore(gate_stage):
     assert states[-1].keys() == {b'm'}
 
 
-def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_path, monkeypatch):
-    """Each epoch loads the gate in one of two workers at random (a hit or a catch-up),
-    runs it and commits; it must match one live gate, and each epoch's delta file
-    holds what the epoch touched, not the backlog."""
+@pytest.mark.parametrize('live_state', ['process', 'host'])
+def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_path, monkeypatch,
+                                                             live_state):
+    """Each epoch loads the gate in one of two workers at random (its own live gate, or
+    from the host's copy, or a catch-up from the store when each worker keeps its copies
+    in its own memory), runs it and commits; it must match one live gate, and each
+    epoch's delta file holds what the epoch touched, not the backlog."""
+    monkeypatch.setenv(partition_cache.LIVE_STATE_ENV, live_state)
+    monkeypatch.setattr(partition_cache, 'host_state_root', lambda: str(tmp_path / 'host'))
     gs = gate_stage
     rng = random.Random(7)
     workers: list[dict] = [{}, {}]
-    state_dir = str(tmp_path)
+    state_dir = str(tmp_path / 'store')
     name = 'stage-1/gate-0'
     epochs = [([MIN_WATERMARK, MIN_WATERMARK],
                [[(KEYS[i % 4], i, i / 100) for i in range(2000)]])]
@@ -276,7 +282,10 @@ def test_restored_through_the_partition_cache_in_two_workers(gate_stage, tmp_pat
         sizes.append(len(store.get_chunked(name, b'd' + number.to_bytes(8, 'big') + bytes(2))))
     assert live_gate.graph, 'some elements are still pushed back at the end'
     print(f'\nloads: {kinds}\ndelta bytes per epoch: {sizes}')
-    assert 'catch-up' in kinds
+    if live_state == 'process':
+        assert 'catch-up' in kinds
+    else:
+        assert 'hit' in kinds and not {'catch-up', 'snapshot'} & set(kinds), kinds
     # Epoch 0 pushed back 4000 pairs; later epochs push back 10 and release a few
     # hundred (deletes are keys only).
     assert max(sizes[1:]) * 5 < sizes[0], sizes
