@@ -40,7 +40,6 @@ import random
 import resource
 import signal
 import sys
-import threading
 import time
 import zlib
 from collections import Counter
@@ -285,23 +284,6 @@ def jvm_peak_rss_mb() -> float:
     return round(kb / 1024, 1)
 
 
-class WorkerMemory(threading.Thread):
-    """Samples the Python workers' RSS and PSS (`keyed_state_gc.python_worker_memory`)
-    every `MEMORY_SAMPLE_S` while the pipeline runs; keeps the peaks."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.peak_rss_mb = self.peak_pss_mb = 0.0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(MEMORY_SAMPLE_S):
-            sample = keyed_state_gc.python_worker_memory()
-            if sample is not None:
-                self.peak_rss_mb = max(self.peak_rss_mb, sample[0])
-                self.peak_pss_mb = max(self.peak_pss_mb, sample[1])
-
-
 def run_one(events: int, state_mb: float, sink_dir: str, runner_args: Sequence[str],
             fault: FailAt | None = None) -> dict:
     """Runs the pipeline once in this process (on a SparkSession started, and its Python
@@ -315,15 +297,11 @@ def run_one(events: int, state_mb: float, sink_dir: str, runner_args: Sequence[s
     p = beam.Pipeline(runner='StreamsSparkRunner',
                       options=PipelineOptions(['--streaming', *runner_args]))
     build(p, events, state_mb, os.path.join(sink_dir, 'out'), fault)
-    memory = WorkerMemory()
-    memory.start()
     cpu = wordcount.CpuClock()
     started = time.monotonic()
-    try:
+    with keyed_state_gc.WorkerMemorySampler(MEMORY_SAMPLE_S) as memory:
         result = p.run()
         state = result.wait_until_finish()
-    finally:
-        memory.stop.set()
     wall_s = time.monotonic() - started
     return {'state': str(state), 'wall_s': round(wall_s, 3), 'cpu_s': round(cpu.elapsed(), 2),
             'epochs': sweep.epochs_of(result),

@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 
@@ -43,7 +42,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 import beam_streams_runner  # noqa: F401 - makes runner='StreamsSparkRunner' known
 from benchmarks import sink_check
-from benchmarks.keyed_state_gc import CountUntilWindowEnd, python_worker_memory
+from benchmarks.keyed_state_gc import CountUntilWindowEnd, WorkerMemorySampler
 
 START = 1_000_000_000.0  # event time of event 0 (2001): long past, read at full speed
 WINDOW_S = 1
@@ -102,7 +101,7 @@ def run_one(events: int, runner_args: Sequence[str], case: str = 'dofn') -> dict
         p = beam.Pipeline(runner='StreamsSparkRunner',
                           options=PipelineOptions(['--streaming', *runner_args]))
         build(p, events, os.path.join(sink_dir, 'out'), case)
-        memory = MemorySampler()
+        memory = WorkerMemorySampler(MEMORY_EVERY_S)
         started = time.monotonic()
         result = p.run()
         with memory:
@@ -150,39 +149,6 @@ def steady_rate(points: Sequence[tuple[float, int]], events: int) -> int | str:
 
 def _time_reaching(points: Sequence[tuple[float, int]], read: float) -> float | None:
     return next((t for t, n in points if n >= read), None)
-
-
-class MemorySampler:
-    """Samples the Python workers' memory (`python_worker_memory`) in a thread while the
-    block runs; `pss_at(t)`: the PSS (MB) of the first sample at or after `t` (seconds
-    since the Unix epoch; None: the last sample), '' without samples."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._done.wait(MEMORY_EVERY_S):
-            memory = python_worker_memory()
-            if memory is not None and memory[2]:
-                self.samples.append((time.time(), memory[1]))
-
-    def pss_at(self, t: float | None) -> float | str:
-        if not self.samples:
-            return ''
-        if t is None:
-            return round(self.samples[-1][1], 1)
-        return round(next((mb for when, mb in self.samples if when >= t),
-                          self.samples[-1][1]), 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

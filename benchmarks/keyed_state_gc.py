@@ -92,6 +92,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -583,6 +584,49 @@ def python_worker_memory(root: int | None = None) -> tuple[float, float, int] | 
                 pss_kb += proc_kb(f'/proc/{child}/smaps_rollup', 'Pss:')
                 count += 1
     return rss_kb / 1024, pss_kb / 1024, count
+
+
+class WorkerMemorySampler:
+    """Samples the Python workers' memory (`python_worker_memory`) every `every_s` in a
+    thread while the block runs: `samples` of (seconds since the Unix epoch, RSS MB, PSS
+    MB), taken while workers run; their peaks; `pss_at(t)`, the PSS of the first sample at
+    or after `t` (None: the last sample), '' without samples."""
+
+    def __init__(self, every_s: float) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._every_s = every_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> WorkerMemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(self._every_s):
+            memory = python_worker_memory()
+            if memory is not None and memory[2]:
+                self.samples.append((time.time(), memory[0], memory[1]))
+
+    @property
+    def peak_rss_mb(self) -> float:
+        return max((rss for _, rss, _ in self.samples), default=0.0)
+
+    @property
+    def peak_pss_mb(self) -> float:
+        return max((pss for _, _, pss in self.samples), default=0.0)
+
+    def pss_at(self, t: float | None) -> float | str:
+        if not self.samples:
+            return ''
+        if t is None:
+            return round(self.samples[-1][2], 1)
+        return round(next((pss for when, _, pss in self.samples if when >= t),
+                          self.samples[-1][2]), 1)
 
 
 def _value(result) -> int:

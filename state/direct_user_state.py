@@ -26,7 +26,6 @@ import copy
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
@@ -65,12 +64,7 @@ def decoded(backend: KeyedStateBackend, key: bytes, namespace: tuple,
     cell = backend.get(key, namespace)
     if cell is None or type(cell) is DecodedCell:
         return cell
-    values = []
-    for chunk in cell:
-        stream = create_InputStream(chunk)
-        while stream.size():
-            values.append(coder.decode_from_stream(stream, True))
-    cell = DecodedCell(coder, values)
+    cell = DecodedCell(coder, [value for chunk in cell for value in coder.decode_all(chunk)])
     backend.swap(key, namespace, cell)
     return cell
 
@@ -80,7 +74,6 @@ class _Cell:
 
     def __init__(self, context: DirectUserStateContext, spec: userstate.StateSpec, key: bytes,
                  namespace: tuple, window_end: int) -> None:
-        self._context = context
         self._backend = context.backend()
         self._coder = spec.coder.get_impl()
         self._key = key

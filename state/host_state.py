@@ -84,9 +84,9 @@ def host_state_root() -> str:
 
 
 class HostStateStore:
-    """The LMDB environment of one run on this host, opened once per process (and again
-    in a forked child: an LMDB environment must not cross a fork). `at` gives the one
-    of a path (LMDB refuses to open an environment twice in a process)."""
+    """The LMDB environment of one run on this host, opened once per process (a process
+    forked from the one that opened it cannot use it: `_Unavailable`). `at` gives the
+    one of a path (LMDB refuses to open an environment twice in a process)."""
 
     _open: ClassVar[dict[str, HostStateStore]] = {}
     _registry_lock = threading.Lock()
@@ -309,23 +309,12 @@ class HostStateView(Mapping):
             self._check(txn)
             stored = _stored_key(self._ident, key, self.host.max_key)
             value = txn.get(stored)
-            if value is None:
-                return None
-            _, head, tail = _parse(stored, value)
-            if not tail:
-                return bytes(head)
-            return b''.join((head, txn.get(stored, db=self.host.tails)))
+            return None if value is None else self._whole(txn, stored, value)[1]
 
     def scan(self) -> Iterator[tuple[bytes, memoryview, int]]:
         with self.host.read(buffers=True) as txn:
             self._check(txn)
-            cursor = txn.cursor()
-            if not cursor.set_range(self._ident + b'\0'):
-                return
-            for stored, value in cursor:
-                stored = bytes(stored)
-                if stored[:_ID_SIZE] != self._ident:
-                    return
+            for stored, value in self._records(txn):
                 yield _parse(stored, value)
 
     def __getitem__(self, key: bytes) -> bytes:
@@ -343,10 +332,26 @@ class HostStateView(Mapping):
     def items(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
         with self.host.read(buffers=True) as txn:
             self._check(txn)
-            tails = self.host.tails
-            return [(key, bytes(head) if not tail else b''.join(
-                (head, txn.get(_stored_key(self._ident, key, self.host.max_key), db=tails))))
-                for key, head, tail in self.scan()]
+            return [self._whole(txn, stored, value) for stored, value in self._records(txn)]
+
+    def _records(self, txn: lmdb.Transaction) -> Iterator[tuple[bytes, memoryview]]:
+        """The stored key and value of each of this state's values, in key order."""
+        cursor = txn.cursor()
+        if not cursor.set_range(self._ident + b'\0'):
+            return
+        for stored, value in cursor:
+            stored = bytes(stored)
+            if stored[:_ID_SIZE] != self._ident:
+                return
+            yield stored, value
+
+    def _whole(self, txn: lmdb.Transaction, stored: bytes,
+               value: memoryview) -> tuple[bytes, bytes]:
+        """The key and the whole value (head and tail) of a stored value."""
+        key, head, tail = _parse(stored, value)
+        if not tail:
+            return key, bytes(head)
+        return key, b''.join((head, txn.get(stored, db=self.host.tails)))
 
     def _check(self, txn: lmdb.Transaction) -> None:
         record = _record(txn, self.entry)

@@ -197,7 +197,7 @@ class VersionedStateCache:
                 if self._copies.advance(entry, cached.revision, found, changes):
                     self._count_applied(changes, len(payload))
                     return 'catch-up', found
-                found.chain_bytes = None  # another worker moved the copy meanwhile
+                # Else another worker moved the copy meanwhile: rebuild, as below.
             # Some were collected after a newer snapshot: start from the chain's base.
         found.state, chain_bytes = self._rebuild(entry, target, chain, snapshots)
         found.chain_bytes = chain_bytes + len(payload)
