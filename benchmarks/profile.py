@@ -1,9 +1,11 @@
-"""Where a NEXMark run's Python time goes: py-spy over the driver and every Python worker.
+"""Where a run's Python time goes: py-spy over the driver and every Python worker.
 
     python -m benchmarks.profile --query=5 --events=300000 --out bench-out/profile-q5 \\
         [--streaming] [runner options, e.g. --spark_master=local[2]]
+    python -m benchmarks.profile --churning=dofn --events=300000 --out bench-out/profile-churn
 
-Runs one query on StreamsSparkRunner (`benchmarks.nexmark.launcher --run-one`) under
+Runs one NEXMark query on StreamsSparkRunner (`benchmarks.nexmark.launcher --run-one`),
+or one case of the churning-keys stateful workload (`benchmarks.churning_keys`), under
 `py-spy record --subprocesses` (sampling the driver, PySpark's worker daemon and the
 workers it forks; idle frames left out) and writes `OUT/profile.md`: the samples per
 process kind, the functions with the most samples in the Python workers (inclusive:
@@ -96,7 +98,10 @@ def _is_root(name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--query', type=int, required=True)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument('--query', type=int)
+    target.add_argument('--churning', choices=('dofn', 'gbk'),
+                        help='a case of benchmarks.churning_keys (streaming) instead of a query')
     parser.add_argument('--events', type=int, default=100_000)
     parser.add_argument('--streaming', action='store_true')
     parser.add_argument('--rate', type=int, default=25, help='py-spy samples per second')
@@ -107,17 +112,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("py-spy is not installed: pip install -e '.[bench]'")
     os.makedirs(known.out, exist_ok=True)
     raw = os.path.join(known.out, 'profile.raw')
-    child = [sys.executable, '-m', 'benchmarks.nexmark.launcher', '--run-one',
-             f'--query={known.query}', '--runner=StreamsSparkRunner',
-             f'--result={os.path.join(known.out, "result.json")}',
-             f'--lines={os.path.join(known.out, "lines.txt")}',
-             f'--num_events={known.events}',
-             *(['--streaming'] if known.streaming else []), *runner_args]
-    print(f'profiling Q{known.query} ({known.events} events) ...', flush=True)
+    if known.churning:
+        child = [sys.executable, '-m', 'benchmarks.churning_keys', f'--events={known.events}',
+                 f'--case={known.churning}', *runner_args]
+        title = f'churning keys ({known.churning}), {known.events} events, streaming'
+    else:
+        child = [sys.executable, '-m', 'benchmarks.nexmark.launcher', '--run-one',
+                 f'--query={known.query}', '--runner=StreamsSparkRunner',
+                 f'--result={os.path.join(known.out, "result.json")}',
+                 f'--lines={os.path.join(known.out, "lines.txt")}',
+                 f'--num_events={known.events}',
+                 *(['--streaming'] if known.streaming else []), *runner_args]
+        title = (f'NEXMark Q{known.query}, {known.events} events, '
+                 f'{"streaming" if known.streaming else "batch"}')
+    print(f'profiling {title} ...', flush=True)
     subprocess.run([py_spy, 'record', '--subprocesses', '--nonblocking', '-r', str(known.rate),
                     '--format', 'raw', '-o', raw, '--', *child], check=True)
-    mode = 'streaming' if known.streaming else 'batch'
-    report = (f'# Profile: NEXMark Q{known.query}, {known.events} events, {mode}\n\n'
+    report = (f'# Profile: {title}\n\n'
               f'Command: `python -m benchmarks.profile {" ".join(argv or sys.argv[1:])}`\n\n'
               + summarize(raw))
     with open(os.path.join(known.out, 'profile.md'), 'w', encoding='utf-8') as f:

@@ -29,6 +29,7 @@ from typing import Any
 from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils import timestamp
 
 from beam_streams_runner.state.backend import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
@@ -70,7 +71,8 @@ def decoded(backend: KeyedStateBackend, key: bytes, namespace: tuple,
 
 
 class _Cell:
-    """One (state, key, window) of a bundle: finds its cell and writes it."""
+    """One (state, key, window) of a bundle: finds its cell once, and writes it (the
+    harness keeps one state object per cell and bundle)."""
 
     def __init__(self, context: DirectUserStateContext, spec: userstate.StateSpec, key: bytes,
                  namespace: tuple, window_end: int) -> None:
@@ -79,22 +81,32 @@ class _Cell:
         self._key = key
         self._namespace = namespace
         self._window_end = window_end
+        self._cell: DecodedCell | None = None  # found, and written in this bundle
 
     def _values(self) -> list:
-        cell = decoded(self._backend, self._key, self._namespace, self._coder)
-        return cell.values if cell is not None else []
+        cell = self._cell
+        if cell is None:
+            cell = decoded(self._backend, self._key, self._namespace, self._coder)
+            if cell is None:
+                return []
+        return cell.values
 
     def _write(self, values: list) -> None:
         backend = self._backend
-        cell = decoded(backend, self._key, self._namespace, self._coder)
+        cell = self._cell
         if cell is None:
-            backend.put(self._key, self._namespace, DecodedCell(self._coder, values))
-        else:
-            cell.values = values
-            backend.mark_changed(self._key)
-        backend.add_window(self._key, self._window_end)
+            cell = decoded(backend, self._key, self._namespace, self._coder)
+            if cell is None:
+                cell = DecodedCell(self._coder, values)
+                backend.put(self._key, self._namespace, cell)
+            # The cell's window joins the key's expiry index once a bundle.
+            backend.add_window(self._key, self._window_end)
+            self._cell = cell
+        cell.values = values
+        backend.mark_changed(self._key)
 
     def clear(self) -> None:
+        self._cell = None
         self._backend.delete(self._key, self._namespace)
 
     def commit(self) -> None:
@@ -193,14 +205,22 @@ class DirectTimer(userstate.BaseTimer):
     def set(self, ts: timestamp.TimestampTypes, dynamic_timer_tag: str = '') -> None:
         ts = timestamp.Timestamp.of(ts)
         hold = ts if self._event_time else self._input_timestamp
-        timer = userstate.Timer(user_key=self._key, dynamic_timer_tag=dynamic_timer_tag,
-                                windows=(self._window,), clear_bit=False,
-                                fire_timestamp=ts, hold_timestamp=hold,
-                                paneinfo=self._pane)
-        payload = self._coder.encode_nested(timer)
         key, ident = self._context.timer_id(self._coder, self._key, dynamic_timer_tag,
                                             self._window)
-        self._queue().set((key, self._family, ident), _millis(ts), payload, _millis(hold))
+        timer_id = (key, self._family, ident)
+        # A timer set again as this bundle last set it keeps its encoding (the queue
+        # then sees the same payload and leaves the timer in place).
+        sets = self._context.timer_sets
+        last = sets.get(timer_id)
+        if last is not None and last[0] == ts and last[1] == hold and last[2] == self._pane:
+            payload = last[3]
+        else:
+            payload = self._coder.encode_nested(userstate.Timer(
+                user_key=self._key, dynamic_timer_tag=dynamic_timer_tag,
+                windows=(self._window,), clear_bit=False, fire_timestamp=ts,
+                hold_timestamp=hold, paneinfo=self._pane))
+            sets[timer_id] = (ts, hold, self._pane, payload)
+        self._queue().set(timer_id, _millis(ts), payload, _millis(hold))
 
     def clear(self, dynamic_timer_tag: str = '') -> None:
         key, ident = self._context.timer_id(self._coder, self._key, dynamic_timer_tag,
@@ -227,9 +247,19 @@ class DirectUserStateContext(bundle_processor.FnApiUserStateContext):
         self._windows: dict[Any, tuple[bytes, int]] = {}
         self._timer_ids: dict[tuple, bytes] = {}
         self._combine_fns: dict[str, Any] = {}
+        # timer id -> (fire timestamp, hold, pane, encoding) of this bundle's last set
+        self.timer_sets: dict[tuple, tuple] = {}
 
     def backend(self) -> KeyedStateBackend:
         return self._router.target.state
+
+    def get_state(self, spec: userstate.StateSpec, key: Any, window: Any) -> Any:
+        # Beam's own keys its cache by the window itself, whose hash is Python code.
+        cache_key = (spec, key, _window_key(window))
+        state = self._all_states.get(cache_key)
+        if state is None:
+            state = self._all_states[cache_key] = self._create_state(spec, key, window)
+        return state
 
     def get_timer(self, timer_spec: userstate.TimerSpec, key: Any, window: Any,
                   timestamp: timestamp.Timestamp, pane: Any) -> DirectTimer:
@@ -241,11 +271,12 @@ class DirectUserStateContext(bundle_processor.FnApiUserStateContext):
     def timer_id(self, coder: Any, key: Any, tag: str, window: Any) -> tuple[bytes, bytes]:
         """(encoded user key, encoded tag and windows) of a timer, as the timer reader
         cuts them from its encoding."""
-        ident = self._timer_ids.get((tag, window))
+        cache_key = (tag, _window_key(window))
+        ident = self._timer_ids.get(cache_key)
         if ident is None:
             if len(self._timer_ids) > 10_000:
                 self._timer_ids.clear()  # windows come and go
-            ident = self._timer_ids[(tag, window)] = (
+            ident = self._timer_ids[cache_key] = (
                 coder._tag_coder_impl.encode_nested(tag)
                 + coder._windows_coder_impl.encode_nested((window,)))
         return coder._key_coder_impl.encode_nested(key), ident
@@ -262,11 +293,12 @@ class DirectUserStateContext(bundle_processor.FnApiUserStateContext):
         kind = _STATES.get(type(state_spec))
         if kind is None:
             return super()._create_state(state_spec, key, window)
-        encoded = self._windows.get(window)
+        window_key = _window_key(window)
+        encoded = self._windows.get(window_key)
         if encoded is None:
             if len(self._windows) > 10_000:
                 self._windows.clear()
-            encoded = self._windows[window] = (self._window_impl.encode(window),
+            encoded = self._windows[window_key] = (self._window_impl.encode(window),
                                                window.max_timestamp().micros)
         namespace = (self.transform_id, state_spec.name, encoded[0])
         return kind(self, state_spec, self._key_impl.encode_nested(key), namespace,
@@ -277,6 +309,14 @@ class DirectUserStateContext(bundle_processor.FnApiUserStateContext):
         for fn in self._combine_fns.values():
             fn.teardown()
         self._combine_fns.clear()
+        self.timer_sets.clear()
+
+
+def _window_key(window: Any) -> Any:
+    """A window as a dict key: an interval window's bounds (cheaper to hash than it)."""
+    if type(window) is IntervalWindow:
+        return window._start_micros, window._end_micros
+    return window
 
 
 def _millis(ts: timestamp.Timestamp) -> int:
