@@ -34,6 +34,12 @@ CATEGORIES = {
                                            'advance @streaming_group_by_key.py',
                                            'process_bundle @streaming_group_by_key.py'),
                                           False),
+    # A streaming source stage's reads, the steps fused after the source included.
+    'source reads (splittable DoFn, fused steps after it)': (('read_residual @par_do.py',),
+                                                              False),
+    "stateful DoFns' timers firing": (('FusedStageOperator._fire @par_do.py',), False),
+    "stateful DoFns' state and timers (direct user state)": (('@direct_user_state.py',), False),
+    'keyed-state commit': (('PartitionEpoch.commit @partition_epoch.py',), False),
     "Beam's SDK harness (user DoFns, coders)": (('process_bundle @bundle_processor.py',), False),
     'imports': (('_find_and_load @<frozen importlib._bootstrap>',), False),
     'PySpark (de)serialization and socket I/O': (('@serializers.py', '@worker_util.py',
