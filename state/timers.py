@@ -65,22 +65,21 @@ class TimerQueue:
         Setting a timer again as it is (a DoFn setting its window-end timer per element)
         changes nothing when no timer firing at the same time arrived after it: moving it
         to the end of the arrivals would not change its place."""
+        hold = fire_timestamp if hold_timestamp is None else hold_timestamp
         entry = self._by_id.get(timer_id)
         if entry is not None:
-            if self._resets_in_place(entry, fire_timestamp, hold_timestamp, payload):
+            if self._resets_in_place(entry, fire_timestamp, hold, payload):
                 return
             self._remove(timer_id)
         seq = self._next_seq
         self._next_seq += 1
-        hold = fire_timestamp if hold_timestamp is None else hold_timestamp
         self._add(seq, PendingTimer(timer_id, fire_timestamp, hold, payload))
         if self._changed is not None:
             self._changed.add(_key_of(timer_id))
 
     def _resets_in_place(self, entry: tuple[int, int, PendingTimer], fire_timestamp: int,
-                         hold_timestamp: int | None, payload: Any) -> bool:
+                         hold: int, payload: Any) -> bool:
         fire, seq, timer = entry
-        hold = fire_timestamp if hold_timestamp is None else hold_timestamp
         if fire != fire_timestamp or timer.hold_timestamp != hold or (
                 timer.payload is not payload and timer.payload != payload):
             return False
