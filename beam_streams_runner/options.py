@@ -148,6 +148,14 @@ class StreamsSparkOptions(PipelineOptions):
             help=('Keep the keyed state of expired windows instead of garbage-collecting '
                   'it through the ordered expiry index. Memory then grows with every key '
                   'ever seen: only for comparison benchmarks.'))
+        parser.add_argument(
+            '--no_stateless_chains',
+            dest='stateless_chains',
+            action='store_false',
+            default=True,
+            help=('Run every fused Map, FlatMap, Filter, WindowInto and simple DoFn through '
+                  "Beam's SDK harness step by step instead of as one composed call per "
+                  'run of such steps: only for comparison benchmarks and diagnosis.'))
         add_checkpoint_args(parser)
 
 

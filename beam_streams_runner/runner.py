@@ -42,6 +42,7 @@ from beam_streams_runner.driver.spark_session import get_or_create_spark
 from beam_streams_runner.driver.streaming import StreamingDriver
 from beam_streams_runner.errors import UnpicklableUserCodeError
 from beam_streams_runner.options import (
+    StreamsSparkOptions,
     checkpoint_settings,
     spark_parallelism,
     validate_streams_spark_options,
@@ -135,7 +136,8 @@ def plan_pipeline(pipeline: Pipeline, options: PipelineOptions, is_drain: bool =
     proto = merge_common_environments(merge_superset_dep_environments(proto))
     streaming = needs_streaming(proto, options.view_as(StandardOptions).streaming)
     plan = build_plan(proto, is_drain=is_drain, streaming=streaming,
-                      publishing=publishing_steps(pipeline))
+                      publishing=publishing_steps(pipeline),
+                      stateless_chains=options.view_as(StreamsSparkOptions).stateless_chains)
     return proto, plan, streaming
 
 

@@ -45,6 +45,7 @@ from beam_streams_runner.translators.read import (
     SourceReads,
     set_source_bundle_listener,
 )
+from beam_streams_runner.translators.stateless_chain import metric_containers
 from beam_streams_runner.worker.element_counts import count_elements
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
@@ -245,9 +246,10 @@ class FusedStageOperator(Operator):
                 by_output[element.transform_id].append(element.data)
         for transform_id, parts in by_output.items():
             outputs.append((self.stage.outputs[transform_id], b''.join(parts)))
-        for transform_id, op in processor.ops.items():
-            if op.metrics_container.metrics:
-                self.metrics.fold(transform_id, op.metrics_container.metrics)
+        for op_id, op in processor.ops.items():
+            for transform_id, container in metric_containers(op_id, op):
+                if container.metrics:
+                    self.metrics.fold(transform_id, container.metrics)
         if self._services.counted:
             count_elements(processor, self._services.counted, self._services.element_counts)
 

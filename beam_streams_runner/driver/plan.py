@@ -32,6 +32,7 @@ from apache_beam.utils import proto_utils
 
 from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
 from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
+from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains
 
 RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
 TEST_STREAM_URN = common_urns.primitives.TEST_STREAM.urn
@@ -244,9 +245,12 @@ STREAMING_PHASES.insert(
 def build_plan(
     pipeline_proto: beam_runner_api_pb2.Pipeline, is_drain: bool = False,
     streaming: bool = False, publishing: frozenset[str] = frozenset(),
+    stateless_chains: bool = True,
 ) -> PipelinePlan:
     """The plan of `pipeline_proto`; in streaming, the steps named in `publishing` each
-    start a stage of their own, marked `publishes`."""
+    start a stage of their own, marked `publishes`. With `stateless_chains`, runs of
+    stateless steps in a stage run as one composed operation
+    (`translators.stateless_chain`)."""
     phases = PHASES
     if streaming:
         phases = list(STREAMING_PHASES)
@@ -273,7 +277,7 @@ def build_plan(
     context.setup()
     gbk_transforms: dict[bytes, str] = {}
     plans = [
-        _stage_plan(context, stage, index, gbk_transforms)
+        _stage_plan(context, stage, index, gbk_transforms, stateless_chains)
         for index, stage in enumerate(stages)
     ]
     if streaming:
@@ -310,6 +314,7 @@ def _stage_plan(
     stage: translations.Stage,
     index: int,
     gbk_transforms: dict[bytes, str],
+    stateless_chains: bool = True,
 ) -> StagePlan:
     inputs: dict[str, bytes] = {}
     outputs: dict[str, bytes] = {}
@@ -367,7 +372,10 @@ def _stage_plan(
         descriptor = None
         kind = 'reshuffle'
     else:
-        descriptor = manager.process_bundle_descriptor.SerializeToString()
+        descriptor = manager.process_bundle_descriptor
+        if stateless_chains:
+            descriptor = fuse_stateless_chains(descriptor)
+        descriptor = descriptor.SerializeToString()
         kind = 'sdk'
     return StagePlan(
         name=stable_stage_name(stage.transforms),

@@ -32,6 +32,7 @@ from apache_beam.utils.proto_utils import parse_Bytes
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK
+from beam_streams_runner.translators.stateless_chain import chain_step_outputs
 from beam_streams_runner.worker.element_counts import CountedOutput
 
 PROGRESS_KEPT = 100
@@ -106,7 +107,7 @@ def counted_outputs(stages: Iterable, pcollections: Iterable[str]
             continue
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
         for tid, transform in descriptor.transforms.items():
-            for tag, pcollection in transform.outputs.items():
+            for tag, pcollection in chain_step_outputs(transform):
                 if pcollection in wanted:
                     wanted.discard(pcollection)
                     counted[stage.name].append(CountedOutput(tid, tag, pcollection))

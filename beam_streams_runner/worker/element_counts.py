@@ -16,7 +16,7 @@ class CountedOutput(NamedTuple):
     """Where a task counts the elements of one PCollection: an output of a harness step."""
 
     transform_id: str
-    tag: str  # the step's output tag
+    tag: str  # the step's output tag (in a stateless chain: the id of the step in it)
     pcollection: str
 
 
@@ -25,7 +25,12 @@ def count_elements(processor, counted: Iterable[CountedOutput], counts: dict[str
     `counts` (PCollection -> elements). Called before the bundle processor is
     released: releasing it resets its counters."""
     for transform_id, tag, pcollection in counted:
-        receivers = getattr(processor.ops.get(transform_id), 'receivers', None) or ()
+        op = processor.ops.get(transform_id)
+        elements_of = getattr(op, 'elements_of', None)
+        if elements_of is not None:  # a stateless chain counts each of its steps
+            counts[pcollection] = counts.get(pcollection, 0) + elements_of(tag)
+            continue
+        receivers = getattr(op, 'receivers', None) or ()
         if len(receivers) == 1:
             index = 0  # a single-output step has one receiver whatever its tag
         else:
