@@ -154,13 +154,15 @@ def compare_outputs(runs: Sequence[CommitRun]) -> list[tuple[str, list[int | Non
 
 
 def wall_times(runs: Sequence[CommitRun]) -> list[tuple[str, list[float | None]]]:
-    """(query/runner label, wall_s per run) from each run's results.csv, if any."""
+    """(query/runner label, wall_s per run) from each run's results.csv, if any. Rows
+    without a query (another benchmark's rows, which its own report lists) are left out:
+    they would all fall under one label."""
     tables = []
     for run in runs:
         path = run.out / 'results.csv'
         rows = list(csv.DictReader(path.open())) if path.exists() else []
-        tables.append({(r.get('query', ''), r.get('runner', '')): r.get('wall_s') for r in rows
-                       if r.get('wall_s')})
+        tables.append({(r['query'], r.get('runner', '')): r['wall_s'] for r in rows
+                       if r.get('wall_s') and r.get('query')})
     labels = sorted({k for t in tables for k in t}, key=lambda k: (int(k[0]) if k[0].isdigit()
                                                                     else 0, k))
     return [(f'Q{q} {runner}', [float(t[(q, runner)]) if (q, runner) in t else None

@@ -10,11 +10,12 @@ elements, and what is left when the bundle finishes) and runs each step over a w
 batch: the values in a list, each with the WindowedValue whose windows, timestamp and
 pane it carries, untouched until a step changes them. Beam's Map, MapTuple and Filter
 wrappers are seen through (`unwrapped_callable`), so a Map step is one list
-comprehension over the user's function. Outputs go on as Beam's output handler
-would send them: plain values keep their input's windows, timestamp and pane; a
-`TimestampedValue` is assigned windows again; a `WindowedValue` is taken as it is; a
-`TaggedOutput` to a tag the step does not declare is dropped, as the harness drops
-it.
+comprehension over the user's function; fixed and sliding windows are assigned in
+integer micros (`integer_assign`), each window made once per batch. Outputs go on as
+Beam's output handler would send them: plain values keep their input's windows,
+timestamp and pane; a `TimestampedValue` is assigned windows again; a `WindowedValue`
+is taken as it is; a `TaggedOutput` to a tag the step does not declare is dropped, as
+the harness drops it.
 
 A step joins a chain when Beam's harness would call its DoFn through its
 `SimpleInvoker`: a ParDo with one input and one output whose DoFn is not stateful nor
@@ -33,7 +34,7 @@ import collections
 import inspect
 import itertools
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from apache_beam.internal import pickler
 from apache_beam.metrics.execution import MetricsContainer
@@ -43,7 +44,13 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners import common
 from apache_beam.runners.worker import bundle_processor, operation_specs, operations
 from apache_beam.transforms import core
-from apache_beam.transforms.window import FixedWindows, IntervalWindow, TimestampedValue, WindowFn
+from apache_beam.transforms.window import (
+    FixedWindows,
+    IntervalWindow,
+    SlidingWindows,
+    TimestampedValue,
+    WindowFn,
+)
 from apache_beam.utils import windowed_value
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
@@ -296,8 +303,9 @@ class _AssignWindowsStep(_Step):
         self.window_fn = window_fn
 
     def _apply(self, values: list, bases: list) -> tuple[list, list]:
-        if type(self.window_fn) is FixedWindows:
-            return self._fixed_windows(values, bases)
+        integer = integer_assign(self.window_fn)
+        if integer is not None:
+            return self._assign_in_micros(values, bases, *integer)
         assign, context = self.window_fn.assign, WindowFn.AssignContext
         out_values: list = []
         out_bases: list = []
@@ -310,24 +318,54 @@ class _AssignWindowsStep(_Step):
                     value, base.timestamp_micros, assign(context(timestamp, value, window))))
         return out_values, out_bases
 
-    def _fixed_windows(self, values: list, bases: list) -> tuple[list, list]:
-        """FixedWindows.assign in integer micros, each window made once per batch: Beam's
-        assign does its arithmetic on Python Timestamp objects."""
-        size, offset = self.window_fn.size.micros, self.window_fn.offset.micros
-        made: dict[int, tuple[IntervalWindow]] = {}
+    @staticmethod
+    def _assign_in_micros(values: list, bases: list, key_of: Callable[[int], Hashable],
+                          windows_of: Callable[[Hashable], tuple]) -> tuple[list, list]:
+        made: dict[Hashable, tuple] = {}
         out_values: list = []
         out_bases: list = []
         for value, base in zip(values, bases, strict=True):
             micros = base.timestamp_micros
-            start = micros - (micros - offset) % size
-            windows = made.get(start)
+            key = key_of(micros)
+            windows = made.get(key)
             if windows is None:
-                windows = made[start] = (IntervalWindow(
-                    Timestamp(micros=start), Timestamp(micros=start + size)),)
+                windows = made[key] = windows_of(key)
             for _ in base.windows:
                 out_values.append(value)
                 out_bases.append(windowed_value.create(value, micros, windows))
         return out_values, out_bases
+
+
+def integer_assign(window_fn: WindowFn
+                   ) -> tuple[Callable[[int], Hashable], Callable[[Hashable], tuple]] | None:
+    """For FixedWindows and SlidingWindows: (the key of a timestamp's windows, from its
+    micros; the windows of a key), the same windows as the WindowFn's `assign` in integer
+    arithmetic (Beam's does it on Python Timestamp objects, several allocations per
+    element and window); None for any other WindowFn."""
+    if type(window_fn) is FixedWindows:
+        size, offset = window_fn.size.micros, window_fn.offset.micros
+
+        def fixed_start(micros: int) -> int:
+            return micros - (micros - offset) % size
+
+        def fixed(start: int) -> tuple:
+            return (IntervalWindow(Timestamp(micros=start), Timestamp(micros=start + size)),)
+        return fixed_start, fixed
+    if type(window_fn) is SlidingWindows:
+        size, period = window_fn.size.micros, window_fn.period.micros
+        offset = window_fn.offset.micros
+
+        def sliding_key(micros: int) -> tuple[int, int]:
+            # The latest window's start, and how many windows (the latest first) hold it.
+            start = micros - (micros - offset) % period
+            return start, len(range(start, micros - size, -period))
+
+        def sliding(key: tuple[int, int]) -> tuple:
+            start, count = key
+            return tuple(IntervalWindow(Timestamp(micros=s), Timestamp(micros=s + size))
+                         for s in range(start, start - count * period, -period))
+        return sliding_key, sliding
+    return None
 
 
 def _check_result_type(results) -> None:

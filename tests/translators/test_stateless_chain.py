@@ -572,6 +572,35 @@ def test_a_failure_past_the_chains_last_step_is_named_the_same_way(harness_step_
     assert runs[0].error == runs[1].error
 
 
+# Window assignment in integer micros -------------------------------------------------
+_MICROS = st.integers(-10**13, 10**13)
+
+
+# (size, period): at most 12 sliding windows an element, as Beam makes every one of them.
+_SIZE_AND_PERIOD = st.integers(1, 10**8).flatmap(
+    lambda period: st.tuples(st.integers(1, 12 * period), st.just(period)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(size_and_period=_SIZE_AND_PERIOD, offset=_MICROS,
+       micros=st.lists(_MICROS, min_size=1, max_size=20), sliding=st.booleans())
+def test_integer_assignment_gives_beams_windows(size_and_period, offset, micros, sliding):
+    size, period = size_and_period
+    def duration(m):
+        return Timestamp(micros=m) - Timestamp(0)
+    window_fn = (window.SlidingWindows(duration(size), duration(period), Timestamp(micros=offset))
+                 if sliding else window.FixedWindows(duration(size), Timestamp(micros=offset)))
+    key_of, windows_of = stateless_chain.integer_assign(window_fn)
+    for m in micros:
+        beams = window_fn.assign(window.WindowFn.AssignContext(Timestamp(micros=m)))
+        assert list(windows_of(key_of(m))) == beams  # the same windows, in the same order
+
+
+def test_other_window_fns_keep_beams_assign():
+    assert stateless_chain.integer_assign(window.Sessions(10)) is None
+    assert stateless_chain.integer_assign(window.GlobalWindows()) is None
+
+
 # 4. Element counts ---------------------------------------------------------------------
 def test_element_counts_of_a_chains_steps_are_the_harness_steps_counts():
     def build(pcoll):
