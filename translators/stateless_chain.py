@@ -1,31 +1,32 @@
 """Stateless chains: runs of fused Map/FlatMap/Filter/WindowInto steps as composed calls.
 
 Design section 9 (the paper's ParDo specialisations). Beam's SDK harness runs every
-fused step as an operation of its own: per element and step a DoFnRunner, an invoker,
-an output handler and a receiver with its counters. `fuse_stateless_chains` rewrites a
-stage's ProcessBundleDescriptor at plan time: each maximal linear run of steps that
-need none of that becomes one transform (`STATELESS_CHAIN_URN`), built by the harness
-as one `StatelessChainOperation`. It gathers its input into batches (`FLUSH_AT`
-elements, and what is left when the bundle finishes) and runs each step over a whole
-batch: the values in a list, each with the WindowedValue whose windows, timestamp and
+fused step as an operation of its own: per element and step a DoFnRunner, an invoker, an
+output handler and a receiver with its counters. `fuse_stateless_chains` rewrites a
+stage's ProcessBundleDescriptor at plan time: each maximal linear run of steps that need
+none of that becomes one transform (`STATELESS_CHAIN_URN`), built by the harness as one
+`StatelessChainOperation`. It gathers its input into batches (`FLUSH_AT` elements, and
+what is left when the bundle finishes) and runs each step over a whole batch (a FlatMap
+hands its outputs on every `FLUSH_AT` of them, so one element's million outputs never
+pile up): the values in a list, each with the WindowedValue whose windows, timestamp and
 pane it carries, untouched until a step changes them. Beam's Map, MapTuple and Filter
 wrappers are seen through (`unwrapped_callable`), so a Map step is one list
 comprehension over the user's function; fixed and sliding windows are assigned in
 integer micros (`integer_assign`), each window made once per batch. Outputs go on as
 Beam's output handler would send them: plain values keep their input's windows,
-timestamp and pane; a `TimestampedValue` is assigned windows again; a `WindowedValue`
-is taken as it is; a `TaggedOutput` to a tag the step does not declare is dropped, as
-the harness drops it.
+timestamp and pane; a `TimestampedValue` is assigned windows again; a `WindowedValue` is
+taken as it is; a `TaggedOutput` to a tag the step does not declare is dropped, as the
+harness drops it.
 
 A step joins a chain when Beam's harness would call its DoFn through its
 `SimpleInvoker`: a ParDo with one input and one output whose DoFn is not stateful nor
 splittable, takes no side inputs, extra arguments or DoFn parameters, defines no
-`finish_bundle` (it could output) nor `process_batch` and yields no batches, asks for no bundle
-finalization and carries no runtime type checks; or a WindowInto. Everything else
+`finish_bundle` (it could output) nor `process_batch` and yields no batches, asks for no
+bundle finalization and carries no runtime type checks; or a WindowInto. Everything else
 keeps the harness. What stays per step: its user metrics (a metrics container and a
-scoped state of its own, reported under its transform id), its output element count
-(the streaming progress), `setup`/`start_bundle`/`teardown`, and its name in errors
-(" [while running 'Step']", as Beam's DoFnRunner adds it).
+scoped state of its own, reported under its transform id), its output element count (the
+streaming progress), `setup`/`start_bundle`/`teardown`, and its name in errors (" [while
+running 'Step']", as Beam's DoFnRunner adds it).
 """
 
 from __future__ import annotations
@@ -184,18 +185,25 @@ class _Step:
         self.elements = 0
         self.fn: core.DoFn | None = None
 
-    def apply(self, values: list, bases: list) -> tuple[list, list]:
+    def apply(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
         """The step over a batch: `values[i]` carries the windows, timestamp and pane
-        of `bases[i]` (a WindowedValue); returns its outputs the same way."""
-        with self.scoped_state:
-            try:
-                values, bases = self._apply(values, bases)
-            except BaseException as exn:  # noqa: BLE001 - Beam tags any failure
-                self.fail(exn)
-        self.elements += len(values)
-        return values, bases
+        of `bases[i]` (a WindowedValue); yields its outputs the same way, in batches
+        (a FlatMap's every `FLUSH_AT` outputs, so one element's thousands of outputs go
+        on while it makes them). The step's scoped state and error tagging cover its
+        own code only, never what runs while a batch is out."""
+        batches = self._batches(values, bases)
+        while True:
+            with self.scoped_state:
+                try:
+                    batch = next(batches, None)
+                except BaseException as exn:  # noqa: BLE001 - Beam tags any failure
+                    self.fail(exn)
+            if batch is None:
+                return
+            self.elements += len(batch[0])
+            yield batch
 
-    def _apply(self, values: list, bases: list) -> tuple[list, list]:
+    def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
         raise NotImplementedError
 
     def fail(self, exn: BaseException) -> None:
@@ -225,26 +233,28 @@ class _ParDoStep(_Step):
         self.check_output = not isinstance(fn, core.CallableWrapperDoFn) and not (
             inspect.isgeneratorfunction(common.DoFnSignature(fn).process_method.method_value))
 
-    def _apply(self, values: list, bases: list) -> tuple[list, list]:
+    def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
         call = self.call
+        if self.kind == 'flat_map':
+            yield from self._flat_map(values, bases)
+            return
         if self.kind == 'filter':
             keep = [call(v) for v in values]
-            return list(itertools.compress(values, keep)), list(itertools.compress(bases, keep))
+            yield list(itertools.compress(values, keep)), list(itertools.compress(bases, keep))
+            return
         if self.kind == 'map':
             outputs = [call(v) for v in values]
-        elif self.kind == 'map_tuple':
-            outputs = [call(*v) for v in values]
         else:
-            return self._flat_map(values, bases)
+            outputs = [call(*v) for v in values]
         if any(issubclass(t, _SPECIAL_RESULTS) for t in set(map(type, outputs))):
-            return self._special_outputs(outputs, bases)
-        return outputs, bases
+            yield self._special_outputs(outputs, bases)
+        else:
+            yield outputs, bases
 
-    def _flat_map(self, values: list, bases: list) -> tuple[list, list]:
-        process, check, special = self.call, self.check_output, self.special
+    def _flat_map(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
+        process, check, special, limit = self.call, self.check_output, self.special, FLUSH_AT
         out_values: list = []
         out_bases: list = []
-        add_value, add_base = out_values.append, out_bases.append
         for value, base in zip(values, bases, strict=True):
             results = process(value)
             if check:
@@ -255,13 +265,18 @@ class _ParDoStep(_Step):
             for result in results:
                 if isinstance(result, _SPECIAL_RESULTS):
                     result = special(base, result)
-                    if result is not None:
-                        add_value(result.value)
-                        add_base(result)
+                    if result is None:
+                        continue
+                    out_values.append(result.value)
+                    out_bases.append(result)
                 else:
-                    add_value(result)
-                    add_base(base)
-        return out_values, out_bases
+                    out_values.append(result)
+                    out_bases.append(base)
+                if len(out_values) >= limit:
+                    yield out_values, out_bases
+                    out_values, out_bases = [], []
+        if out_values:
+            yield out_values, out_bases
 
     def _special_outputs(self, outputs: list, bases: list) -> tuple[list, list]:
         out_values, out_bases = [], []
@@ -302,7 +317,10 @@ class _AssignWindowsStep(_Step):
         super().__init__(transform_id, name, state_sampler)
         self.window_fn = window_fn
 
-    def _apply(self, values: list, bases: list) -> tuple[list, list]:
+    def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
+        yield self._assign(values, bases)
+
+    def _assign(self, values: list, bases: list) -> tuple[list, list]:
         integer = integer_assign(self.window_fn)
         if integer is not None:
             return self._assign_in_micros(values, bases, *integer)
@@ -455,9 +473,14 @@ class StatelessChainOperation(operations.Operation):
         if not bases:
             return
         self._pending = []
-        values = [windowed.value for windowed in bases]
-        for step in self.steps:
-            values, bases = step.apply(values, bases)
+        self._push(0, [windowed.value for windowed in bases], bases)
+
+    def _push(self, index: int, values: list, bases: list) -> None:
+        """Runs steps `index`... over a batch, and sends what the last one emits on."""
+        if index < len(self.steps):
+            for out_values, out_bases in self.steps[index].apply(values, bases):
+                self._push(index + 1, out_values, out_bases)
+            return
         receive = self.receivers[0].receive
         try:
             for value, base in zip(values, bases, strict=True):

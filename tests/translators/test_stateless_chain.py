@@ -42,7 +42,9 @@ from apache_beam.internal import pickler
 from apache_beam.metrics import Metrics
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
+from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import environments, userstate, window
+from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from hypothesis import HealthCheck, given, settings
@@ -570,6 +572,30 @@ def test_a_failure_past_the_chains_last_step_is_named_the_same_way(harness_step_
     assert runs[1].error == (
         "Beam step 'Last' failed: TypeError: an integer is required [while running 'Last']")
     assert runs[0].error == runs[1].error
+
+
+# A FlatMap's outputs go on in batches ------------------------------------------------
+def test_a_flat_map_hands_its_outputs_on_while_it_makes_them():
+    # An Impulse followed by a FlatMap that generates many elements (how sources and
+    # Create start) must not pile all of them up before the next step sees any.
+    made = []
+
+    def generate(_):
+        for i in range(2_500):
+            made.append(i)
+            yield i
+
+    sampler = statesampler.StateSampler('test', CounterFactory())
+    step = stateless_chain._ParDoStep(
+        'gen', 'Generate', sampler, beam.FlatMap(generate).fn, window.GlobalWindows(), 'None')
+    base = WindowedValue(None, Timestamp(5), (window.GlobalWindow(),))
+    sizes = []
+    for values, bases in step.apply([None], [base]):
+        sizes.append(len(values))
+        assert len(made) == sum(sizes)  # nothing made ahead of what went on
+        assert all(b is base for b in bases) and values == made[-len(values):]
+    assert sizes == [1_000, 1_000, 500]
+    assert step.elements == 2_500
 
 
 # Window assignment in integer micros -------------------------------------------------
