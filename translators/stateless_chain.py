@@ -47,6 +47,8 @@ from apache_beam.runners.worker import bundle_processor, operation_specs, operat
 from apache_beam.transforms import core
 from apache_beam.transforms.window import (
     FixedWindows,
+    GlobalWindow,
+    GlobalWindows,
     IntervalWindow,
     SlidingWindows,
     TimestampedValue,
@@ -229,6 +231,8 @@ class _ParDoStep(_Step):
         self.window_fn = window_fn
         self.main_tag = main_tag
         self.kind, self.call = unwrapped_callable(fn)
+        self._integer = integer_assign(window_fn)
+        self._windows_made: dict[Hashable, tuple] = {}
         # Beam checks a class DoFn's first non-generator result (not Map/FlatMap's).
         self.check_output = not isinstance(fn, core.CallableWrapperDoFn) and not (
             inspect.isgeneratorfunction(common.DoFnSignature(fn).process_method.method_value))
@@ -302,13 +306,29 @@ class _ParDoStep(_Step):
         if isinstance(result, WindowedValue):
             output = result
         elif isinstance(result, TimestampedValue):
-            output = WindowedValue(result.value, result.timestamp, self.window_fn.assign(
-                WindowFn.AssignContext(result.timestamp, result.value)))
+            output = self._timestamped(result)
         else:
             return windowed.with_value(result)
         if len(windowed.windows) != 1:
             output.windows *= len(windowed.windows)
         return output
+
+    def _timestamped(self, result: TimestampedValue) -> WindowedValue:
+        """A TimestampedValue's WindowedValue, its windows assigned by the step's input
+        WindowFn (in integer micros where `integer_assign` can, each set made once)."""
+        timestamp = result.timestamp
+        if self._integer is None:
+            return WindowedValue(result.value, timestamp, self.window_fn.assign(
+                WindowFn.AssignContext(timestamp, result.value)))
+        key_of, windows_of = self._integer
+        micros = timestamp.micros
+        key = key_of(micros)
+        windows = self._windows_made.get(key)
+        if windows is None:
+            if len(self._windows_made) >= _WINDOWS_KEPT:
+                self._windows_made.clear()  # windows come and go
+            windows = self._windows_made[key] = windows_of(key)
+        return windowed_value.create(result.value, micros, windows)
 
 
 class _AssignWindowsStep(_Step):
@@ -354,12 +374,27 @@ class _AssignWindowsStep(_Step):
         return out_values, out_bases
 
 
+_GLOBAL_WINDOWS = (GlobalWindow(),)
+# Window sets a ParDo step keeps for the TimestampedValues it emits.
+_WINDOWS_KEPT = 10_000
+
+
+def _global_key(micros: int) -> int:
+    return 0
+
+
+def _global_windows(key: Hashable) -> tuple:
+    return _GLOBAL_WINDOWS
+
+
 def integer_assign(window_fn: WindowFn
                    ) -> tuple[Callable[[int], Hashable], Callable[[Hashable], tuple]] | None:
-    """For FixedWindows and SlidingWindows: (the key of a timestamp's windows, from its
-    micros; the windows of a key), the same windows as the WindowFn's `assign` in integer
-    arithmetic (Beam's does it on Python Timestamp objects, several allocations per
-    element and window); None for any other WindowFn."""
+    """For GlobalWindows, FixedWindows and SlidingWindows: (the key of a timestamp's
+    windows, from its micros; the windows of a key), the same windows as the WindowFn's
+    `assign` in integer arithmetic (Beam's does it on Python Timestamp objects, several
+    allocations per element and window); None for any other WindowFn."""
+    if type(window_fn) is GlobalWindows:
+        return _global_key, _global_windows
     if type(window_fn) is FixedWindows:
         size, offset = window_fn.size.micros, window_fn.offset.micros
 

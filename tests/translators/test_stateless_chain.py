@@ -622,9 +622,11 @@ def test_integer_assignment_gives_beams_windows(size_and_period, offset, micros,
         assert list(windows_of(key_of(m))) == beams  # the same windows, in the same order
 
 
-def test_other_window_fns_keep_beams_assign():
+def test_the_global_window_and_other_window_fns():
+    key_of, windows_of = stateless_chain.integer_assign(window.GlobalWindows())
+    assert list(windows_of(key_of(-5))) == list(windows_of(key_of(10**12))) == [
+        window.GlobalWindow()]
     assert stateless_chain.integer_assign(window.Sessions(10)) is None
-    assert stateless_chain.integer_assign(window.GlobalWindows()) is None
 
 
 # 4. Element counts ---------------------------------------------------------------------
