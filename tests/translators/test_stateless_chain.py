@@ -1,15 +1,13 @@
 """Stateless chains: runs of fused Map/FlatMap/Filter/WindowInto steps as one operation.
 
-`translators.stateless_chain` rewrites a stage's descriptor at plan time so that each
-maximal linear run of chainable steps runs as one `StatelessChainOperation`. Checked
-here:
+`translators.stateless_chain` (its steps in `translators.chain_steps`) rewrites a
+stage's descriptor at plan time so that each maximal linear run of chainable steps runs
+as one `StatelessChainOperation`. Checked here:
 
 * the plan: such a run becomes exactly one chain transform (and none with
   `stateless_chains=False`); a stateful DoFn, a step with a side input, a DoFn with
   `finish_bundle` and a Map taking a DoFn parameter stay harness steps; a PCollection
   another consumer also reads (a second branch, a side input) ends a run;
-* `unwrapped_callable` sees through Beam's Map, MapTuple and Filter wrappers after a
-  pickle round trip, and leaves FlatMap and class DoFns to their `process`;
 * the stage driven in process (as `test_partial_combine` does: a `Reshuffle` before
   the chain so the stage starts at a data input, another after it so it ends at a
   data output), planned with and without chains, for random chains of steps from a
@@ -21,6 +19,9 @@ here:
   named, as Beam's DoFnRunner names it);
 * element counts for streaming progress (`counted_outputs`, `count_elements`) of a
   chain's steps equal those of the harness steps, also past a chain's batch size.
+
+The steps on their own (wrappers seen through, a FlatMap's batches, windows in integer
+micros) are `test_chain_steps`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import operator
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,13 +38,10 @@ from unittest import mock
 import apache_beam as beam
 import pytest
 from apache_beam import coders
-from apache_beam.internal import pickler
 from apache_beam.metrics import Metrics
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
-from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import environments, userstate, window
-from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from hypothesis import HealthCheck, given, settings
@@ -55,13 +52,10 @@ from beam_streams_runner.driver.plan import build_plan
 from beam_streams_runner.driver.progress import counted_outputs
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import MAX_WATERMARK
-from beam_streams_runner.translators import stateless_chain
+from beam_streams_runner.translators import chain_steps
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
-from beam_streams_runner.translators.stateless_chain import (
-    STATELESS_CHAIN_URN,
-    unwrapped_callable,
-)
+from beam_streams_runner.translators.stateless_chain import STATELESS_CHAIN_URN
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -293,57 +287,8 @@ def test_a_pcollection_read_twice_splits_the_run():
         assert {'E', 'G', 'H'} <= set(_stage(plan, 'E').step_names)
 
 
-# 2. unwrapped_callable -----------------------------------------------------------------
 def _triple(x):
     return 3 * x
-
-
-def _scaled(x, factor=5):
-    return factor * x
-
-
-def _round_trip(transform: beam.ParDo):
-    return pickler.loads(pickler.dumps(transform.fn))
-
-
-class _ClassDoFn(beam.DoFn):
-    def process(self, element):
-        yield element
-
-
-@pytest.mark.parametrize('transform, kind, user_fn, call, expected', [
-    (beam.Map(_triple), 'map', _triple, (4,), 12),
-    (beam.Map(lambda x: x - 1), 'map', None, (4,), 3),
-    # A function with a default argument gets Beam's other Map wrapper.
-    (beam.Map(_scaled), 'map', _scaled, (4,), 20),
-    (beam.Map(abs), 'map', abs, (-4,), 4),
-    (beam.MapTuple(operator.sub), 'map_tuple', operator.sub, (7, 2), 5),
-    (beam.MapTuple(lambda a, b: a * b), 'map_tuple', None, (7, 2), 14),
-    (beam.Filter(lambda x: x > 2), 'filter', None, (3,), True),
-    (beam.Filter(bool), 'filter', bool, (0,), False),
-])
-def test_beams_wrappers_are_seen_through_after_pickling(transform, kind, user_fn, call,
-                                                        expected):
-    wrapped = transform.fn._fn
-    found_kind, found = unwrapped_callable(_round_trip(transform))
-    assert found_kind == kind
-    assert found(*call) == expected
-    # The user's function, not Beam's wrapper (which returns a list, or takes a tuple).
-    user = user_fn if user_fn is not None else wrapped.__closure__[0].cell_contents
-    assert found is user or found.__code__.co_code == user.__code__.co_code
-    assert found is not wrapped
-
-
-@pytest.mark.parametrize('transform', [
-    beam.FlatMap(lambda x: [x, x]),
-    beam.FlatMap(_triple),
-    beam.ParDo(_ClassDoFn()),
-], ids=['flat_map_lambda', 'flat_map_function', 'class_dofn'])
-def test_flat_map_and_class_dofns_run_their_process(transform):
-    fn = _round_trip(transform)
-    kind, call = unwrapped_callable(fn)
-    assert kind == 'flat_map'
-    assert call == fn.process
 
 
 # 3. Chained and unchained stages agree (hypothesis) ------------------------------------
@@ -468,7 +413,7 @@ def _bundle_sizes(total: int, sizes: list[int]) -> list[int]:
        global_input=st.booleans(),
        elements=_elements,
        sizes=st.lists(st.integers(1, 15), min_size=1, max_size=6),
-       flush_at=st.sampled_from([1, 3, stateless_chain.FLUSH_AT]))
+       flush_at=st.sampled_from([1, 3, chain_steps.FLUSH_AT]))
 def test_chained_and_unchained_stages_agree(menu, global_input, elements, sizes, flush_at):
     steps = [(f's{i}_{suffix}', transform)
              for i, item in enumerate(menu) for suffix, transform in MENU[item]()]
@@ -487,7 +432,7 @@ def test_chained_and_unchained_stages_agree(menu, global_input, elements, sizes,
         assert _chain_of(plans[True], names[0]) == sorted(names)
         pcollections = _step_pcollections(unchained_stage, names)
         # A small batch size makes a chain flush in the middle of a harness bundle.
-        with mock.patch.object(stateless_chain, 'FLUSH_AT', flush_at):
+        with mock.patch.object(chain_steps, 'FLUSH_AT', flush_at):
             chained = _run(plans[True], chained_stage, inputs, bundles, pcollections)
         unchained = _run(plans[False], unchained_stage, inputs, bundles, pcollections)
 
@@ -567,66 +512,11 @@ def test_a_failure_past_the_chains_last_step_is_named_the_same_way(harness_step_
                 | 'Out' >> beam.Reshuffle())
 
     inputs = _windowed([(v, 0, [0], 0) for v in (1, 2, 5)], global_input=True)
-    with _plans(build) as plans, mock.patch.object(stateless_chain, 'FLUSH_AT', 1):
+    with _plans(build) as plans, mock.patch.object(chain_steps, 'FLUSH_AT', 1):
         runs = [_run(plans[c], _stage(plans[c], 'Last'), inputs, [3]) for c in (True, False)]
     assert runs[1].error == (
         "Beam step 'Last' failed: TypeError: an integer is required [while running 'Last']")
     assert runs[0].error == runs[1].error
-
-
-# A FlatMap's outputs go on in batches ------------------------------------------------
-def test_a_flat_map_hands_its_outputs_on_while_it_makes_them():
-    # An Impulse followed by a FlatMap that generates many elements (how sources and
-    # Create start) must not pile all of them up before the next step sees any.
-    made = []
-
-    def generate(_):
-        for i in range(2_500):
-            made.append(i)
-            yield i
-
-    sampler = statesampler.StateSampler('test', CounterFactory())
-    step = stateless_chain._ParDoStep(
-        'gen', 'Generate', sampler, beam.FlatMap(generate).fn, window.GlobalWindows(), 'None')
-    base = WindowedValue(None, Timestamp(5), (window.GlobalWindow(),))
-    sizes = []
-    for values, bases in step.apply([None], [base]):
-        sizes.append(len(values))
-        assert len(made) == sum(sizes)  # nothing made ahead of what went on
-        assert all(b is base for b in bases) and values == made[-len(values):]
-    assert sizes == [1_000, 1_000, 500]
-    assert step.elements == 2_500
-
-
-# Window assignment in integer micros -------------------------------------------------
-_MICROS = st.integers(-10**13, 10**13)
-
-
-# (size, period): at most 12 sliding windows an element, as Beam makes every one of them.
-_SIZE_AND_PERIOD = st.integers(1, 10**8).flatmap(
-    lambda period: st.tuples(st.integers(1, 12 * period), st.just(period)))
-
-
-@settings(max_examples=300, deadline=None)
-@given(size_and_period=_SIZE_AND_PERIOD, offset=_MICROS,
-       micros=st.lists(_MICROS, min_size=1, max_size=20), sliding=st.booleans())
-def test_integer_assignment_gives_beams_windows(size_and_period, offset, micros, sliding):
-    size, period = size_and_period
-    def duration(m):
-        return Timestamp(micros=m) - Timestamp(0)
-    window_fn = (window.SlidingWindows(duration(size), duration(period), Timestamp(micros=offset))
-                 if sliding else window.FixedWindows(duration(size), Timestamp(micros=offset)))
-    key_of, windows_of = stateless_chain.integer_assign(window_fn)
-    for m in micros:
-        beams = window_fn.assign(window.WindowFn.AssignContext(Timestamp(micros=m)))
-        assert list(windows_of(key_of(m))) == beams  # the same windows, in the same order
-
-
-def test_the_global_window_and_other_window_fns():
-    key_of, windows_of = stateless_chain.integer_assign(window.GlobalWindows())
-    assert list(windows_of(key_of(-5))) == list(windows_of(key_of(10**12))) == [
-        window.GlobalWindow()]
-    assert stateless_chain.integer_assign(window.Sessions(10)) is None
 
 
 # 4. Element counts ---------------------------------------------------------------------
