@@ -82,8 +82,10 @@ def failure_hint(exc: BaseException, step: str | None) -> str:
         return _SINGLETON + '\n'
     if isinstance(root, (TypeError, ValueError)) and 'TupleCoderImpl.' in innermost:
         return _NOT_A_PAIR.format(step=named) + '\n'
+    # Beam's output handler iterates a DoFn's result; in a stateless chain, the step's
+    # `_flat_map` (translators/chain_steps.py) does.
     if (isinstance(root, TypeError) and 'not iterable' in str(root)
-            and innermost.endswith('handle_process_outputs')):
+            and innermost.endswith(('handle_process_outputs', '_flat_map'))):
         return _NOT_ITERABLE + '\n'
     if step and '/WriteImpl/' in step and any(isinstance(e, OSError) for e in chain):
         return _SINK + '\n'
