@@ -102,8 +102,7 @@ class ParDoStep(ChainStep):
         self.window_fn = window_fn
         self.main_tag = main_tag
         self.kind, self.call = unwrapped_callable(fn)
-        self._integer = integer_assign(window_fn)
-        self._windows_made: dict[Hashable, tuple] = {}
+        self._window_sets = WindowSets.of(window_fn)
         # Beam checks a class DoFn's first non-generator result (not Map/FlatMap's).
         self.check_output = not isinstance(fn, core.CallableWrapperDoFn) and not (
             inspect.isgeneratorfunction(common.DoFnSignature(fn).process_method.method_value))
@@ -188,18 +187,11 @@ class ParDoStep(ChainStep):
         """A TimestampedValue's WindowedValue, its windows assigned by the step's input
         WindowFn (in integer micros where `integer_assign` can, each set made once)."""
         timestamp = result.timestamp
-        if self._integer is None:
+        if self._window_sets is None:
             return WindowedValue(result.value, timestamp, self.window_fn.assign(
                 WindowFn.AssignContext(timestamp, result.value)))
-        key_of, windows_of = self._integer
         micros = timestamp.micros
-        key = key_of(micros)
-        windows = self._windows_made.get(key)
-        if windows is None:
-            if len(self._windows_made) >= _WINDOWS_KEPT:
-                self._windows_made.clear()  # windows come and go
-            windows = self._windows_made[key] = windows_of(key)
-        return windowed_value.create(result.value, micros, windows)
+        return windowed_value.create(result.value, micros, self._window_sets.of_micros(micros))
 
 
 class AssignWindowsStep(ChainStep):
@@ -207,14 +199,14 @@ class AssignWindowsStep(ChainStep):
                  window_fn: WindowFn) -> None:
         super().__init__(transform_id, name, state_sampler)
         self.window_fn = window_fn
+        self._window_sets = WindowSets.of(window_fn)
 
     def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
         yield self._assign(values, bases)
 
     def _assign(self, values: list, bases: list) -> tuple[list, list]:
-        integer = integer_assign(self.window_fn)
-        if integer is not None:
-            return self._assign_in_micros(values, bases, *integer)
+        if self._window_sets is not None:
+            return self._assign_in_micros(values, bases, self._window_sets)
         assign, context = self.window_fn.assign, WindowFn.AssignContext
         out_values: list = []
         out_bases: list = []
@@ -228,9 +220,9 @@ class AssignWindowsStep(ChainStep):
         return out_values, out_bases
 
     @staticmethod
-    def _assign_in_micros(values: list, bases: list, key_of: Callable[[int], Hashable],
-                          windows_of: Callable[[Hashable], tuple]) -> tuple[list, list]:
-        made: dict[Hashable, tuple] = {}
+    def _assign_in_micros(values: list, bases: list, sets: WindowSets) -> tuple[list, list]:
+        # `sets.of_micros` inlined: a call less per element on the hot path.
+        key_of, made = sets.key_of, sets.made
         out_values: list = []
         out_bases: list = []
         for value, base in zip(values, bases, strict=True):
@@ -238,7 +230,7 @@ class AssignWindowsStep(ChainStep):
             key = key_of(micros)
             windows = made.get(key)
             if windows is None:
-                windows = made[key] = windows_of(key)
+                windows = sets.of_key(key)
             for _ in base.windows:
                 out_values.append(value)
                 out_bases.append(windowed_value.create(value, micros, windows))
@@ -246,8 +238,37 @@ class AssignWindowsStep(ChainStep):
 
 
 _GLOBAL_WINDOWS = (GlobalWindow(),)
-# Window sets a ParDo step keeps for the TimestampedValues it emits.
+# Window sets a step keeps made (windows come and go).
 _WINDOWS_KEPT = 10_000
+
+
+class WindowSets:
+    """The windows of a WindowFn `integer_assign` handles, by timestamp micros, each set
+    made once (the last `_WINDOWS_KEPT` kept)."""
+
+    def __init__(self, key_of: Callable[[int], Hashable],
+                 windows_of: Callable[[Hashable], tuple]) -> None:
+        self.key_of = key_of
+        self._windows_of = windows_of
+        self.made: dict[Hashable, tuple] = {}
+
+    @classmethod
+    def of(cls, window_fn: WindowFn) -> WindowSets | None:
+        """The window sets of `window_fn`, None where Beam's `assign` must do it."""
+        integer = integer_assign(window_fn)
+        return None if integer is None else cls(*integer)
+
+    def of_micros(self, micros: int) -> tuple:
+        key = self.key_of(micros)
+        windows = self.made.get(key)
+        return self.of_key(key) if windows is None else windows
+
+    def of_key(self, key: Hashable) -> tuple:
+        """The windows of `key`, made (and kept) now."""
+        if len(self.made) >= _WINDOWS_KEPT:
+            self.made.clear()
+        windows = self.made[key] = self._windows_of(key)
+        return windows
 
 
 def _global_key(micros: int) -> int:
