@@ -73,8 +73,8 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from benchmarks import batch_speed, checkpoints_report, sink_check
 from benchmarks import checkpoints_pipeline as pipeline
-from benchmarks import checkpoints_report, sink_check, wordcount
 from benchmarks.checkpoints_runs import (
     MODES,
     OFF,
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     f'{datetime.date.today()}-checkpoints')
     print(f'{len(plan)} runs of {known.events:,} events: '
           + ', '.join(c.name for c in [*configs, *recoveries]), flush=True)
-    cores = [wordcount.session_cores()]
+    cores = [batch_speed.session_cores()]
     print(f'this session gets {cores[0]} of {os.cpu_count()} cores', flush=True)
     redis = RedisStores(known.redis_appendfsync)
     uses_redis = any(c.store == 'redis' for c in [*configs, *recoveries])
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_version = redis.version() if uses_redis else '-'
     finally:
         redis.close()
-    cores.append(wordcount.session_cores())
+    cores.append(batch_speed.session_cores())
     environment = report.environment()
     environment['redis-server'] = redis_version
     environment['cores this session got (before, after)'] = f'{cores[0]}, {cores[1]}'

@@ -58,7 +58,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 import beam_streams_runner  # noqa: F401 - registers the short runner name
-from benchmarks import keyed_state_gc, sink_check, sweep, wordcount
+from benchmarks import batch_speed, keyed_state_gc, sink_check, sweep
 
 START = 1_000_000_000.0  # event time of event 0 (2001): long past, read at full speed
 INTERVAL_S = 0.001  # event time between two events
@@ -292,12 +292,12 @@ def run_one(events: int, state_mb: float, sink_dir: str, runner_args: Sequence[s
                         format='%(asctime)s %(levelname)s %(name)s: %(message)s', force=True)
     # The progress, checkpoint and reset lines the parent reads.
     logging.getLogger('beam_streams_runner').setLevel(logging.INFO)
-    spark = wordcount.spark_session(runner_args)
+    spark = batch_speed.spark_session(runner_args)
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()  # fork the workers
     p = beam.Pipeline(runner='StreamsSparkRunner',
                       options=PipelineOptions(['--streaming', *runner_args]))
     build(p, events, state_mb, os.path.join(sink_dir, 'out'), fault)
-    cpu = wordcount.CpuClock()
+    cpu = batch_speed.CpuClock()
     started = time.monotonic()
     with keyed_state_gc.WorkerMemorySampler(MEMORY_SAMPLE_S) as memory:
         result = p.run()

@@ -71,9 +71,9 @@ def _run(command: Sequence[str], log_path: str, timeout_s: float) -> tuple[int, 
 def startup(master_args: Sequence[str], jobs: int = 20) -> dict:
     """In this process: the runner's session on the master, a first two-task job, then
     `jobs` more (a streaming epoch is a job: their median is its fixed cost)."""
-    from benchmarks import wordcount
+    from benchmarks import batch_speed
     started = time.monotonic()
-    spark = wordcount.spark_session(master_args)
+    spark = batch_speed.spark_session(master_args)
     session_s = time.monotonic() - started
     rdd = spark.sparkContext.parallelize(range(2), 2).map(lambda x: x + 1)
     total = rdd.sum()

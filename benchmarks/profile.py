@@ -3,9 +3,12 @@
     python -m benchmarks.profile --query=5 --events=300000 --out bench-out/profile-q5 \\
         [--streaming] [runner options, e.g. --spark_master=local[2]]
     python -m benchmarks.profile --churning=dofn --events=300000 --out bench-out/profile-churn
+    python -m benchmarks.profile --batch=wordcount --out bench-out/profile-wordcount
 
 Runs one NEXMark query on StreamsSparkRunner (`benchmarks.nexmark.launcher --run-one`),
-or one case of the churning-keys stateful workload (`benchmarks.churning_keys`), under
+one case of the churning-keys stateful workload (`benchmarks.churning_keys`), or one
+case of the batch speed benchmark (`benchmarks.batch_speed`: one warm-up at a hundredth
+of the size, then one run at full size, StreamsSparkRunner only), under
 `py-spy record --subprocesses` (sampling the driver, PySpark's worker daemon and the
 workers it forks; idle frames left out) and writes `OUT/profile.md`: the samples per
 process kind, the functions with the most samples in the Python workers (inclusive:
@@ -25,6 +28,9 @@ import re
 import shutil
 import subprocess
 import sys
+
+from benchmarks.batch_cases import CASES as BATCH_CASES
+from benchmarks.churning_keys import CASES as CHURNING_CASES
 
 # category -> (frames (function @ file) that put a sample in it, whether only the
 # innermost two frames count); the first matching category wins.
@@ -106,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument('--query', type=int)
-    target.add_argument('--churning', choices=('dofn', 'gbk'),
+    target.add_argument('--churning', choices=CHURNING_CASES,
                         help='a case of benchmarks.churning_keys (streaming) instead of a query')
+    target.add_argument('--batch', choices=list(BATCH_CASES),
+                        help='a case of benchmarks.batch_speed instead of a query')
     parser.add_argument('--events', type=int, default=100_000)
     parser.add_argument('--streaming', action='store_true')
     parser.add_argument('--rate', type=int, default=25, help='py-spy samples per second')
@@ -118,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("py-spy is not installed: pip install -e '.[bench]'")
     os.makedirs(known.out, exist_ok=True)
     raw = os.path.join(known.out, 'profile.raw')
-    if known.churning:
+    if known.batch:
+        child = [sys.executable, '-m', 'benchmarks.batch_speed', f'--cases={known.batch}',
+                 '--runners=StreamsSparkRunner', '--repeats=1', '--warm_ups=1',
+                 '--no_cores_check', f'--out={os.path.join(known.out, "batch_speed")}',
+                 *runner_args]
+        title = f'batch speed case {known.batch}'
+    elif known.churning:
         child = [sys.executable, '-m', 'benchmarks.churning_keys', f'--events={known.events}',
                  f'--case={known.churning}', *runner_args]
         title = f'churning keys ({known.churning}), {known.events} events, streaming'

@@ -6,8 +6,10 @@ from, and what it costs (design sections 7 and 8).
 
 Each run is `python -m benchmarks.churning_keys` in a child process on `local[2]` (unless
 the runner options name another master): case `dofn`, the stateful DoFn counting in
-keyed state and flushing on an event-time timer, or `gbk`, a windowed GroupByKey and a
-sum over the same events. `--live_state` runs each case with the host's live state
+keyed state and flushing on an event-time timer, `gbk`, a windowed GroupByKey and a
+sum over the same events, or one of the two floors under them, `source` (the read and
+the stateless steps alone) and `noop_state` (into a stateful DoFn that touches no
+state; see `churning_keys`). `--live_state` runs each case with the host's live state
 (every Python worker of the host shares the partitions' copies, LMDB) and with each
 worker's copies in its own memory (`BEAM_STREAMS_RUNNER_LIVE_STATE=process`), side by
 side in one invocation. For each run: wall time, steady events/s (from the epoch by
@@ -15,7 +17,8 @@ which 20% of the events were read), the state loads by kind (`live`: the worker'
 backend of the partition's last task; `hit`: from the host's copy; `catch-up` and
 `snapshot`: from the checkpoint store) with their milliseconds, the Python workers'
 PSS once a tenth of the events were read and at the end, and the verdict of the output
-(every key's count, equal to the expected lines). Writes `OUT/report.md`,
+(every key's count, equal to the expected lines; for a floor, every event counted at
+its end). Writes `OUT/report.md`,
 `OUT/results.csv`, `OUT/stateful_speed.png` and each run's log under `OUT/logs/`.
 """
 

@@ -19,12 +19,12 @@ from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner.driver.progress import summary
+from benchmarks import batch_speed
 from benchmarks import checkpoints as ck
 from benchmarks import checkpoints_logs as logs
 from benchmarks import checkpoints_pipeline as cp
 from benchmarks import checkpoints_report as cr
 from benchmarks import checkpoints_runs as runs
-from benchmarks import wordcount
 
 START_US = int(cp.START * 1_000_000)
 WINDOW_US = cp.WINDOW_S * 1_000_000
@@ -307,7 +307,7 @@ def _child(wall: float) -> dict:
 @pytest.mark.parametrize('wrong_in', [None, '1mb-1s-non_blocking-file'])
 def test_the_report_and_a_wrong_output_failing_the_command(tmp_path, monkeypatch, wrong_in):
     monkeypatch.setattr(ck, 'launch', _fake_launch(wrong_in))
-    monkeypatch.setattr(wordcount, 'session_cores', lambda: 2.0)
+    monkeypatch.setattr(batch_speed, 'session_cores', lambda: 2.0)
     code = ck.main(['--events=2000', '--state_mb=1', '--periods=0,1', '--modes=non_blocking',
                     '--store=file', '--repeats=2', '--fail_at=0.5', f'--out={tmp_path}'])
     data = json.loads((tmp_path / 'runs.json').read_text())

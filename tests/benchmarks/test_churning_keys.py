@@ -25,14 +25,36 @@ def test_each_window_has_its_own_keys_and_every_event_is_counted():
 
 @pytest.mark.parametrize('case', churning_keys.CASES)
 def test_a_run_on_the_runner_equals_the_reference(spark_session, spark_args, case):
-    """Both cases give every key's count; the run reports how its partitions loaded
-    their state and its Python workers' memory."""
+    """The counting cases give every key's count, the floors count every event at their
+    end; the run reports how its partitions loaded their state (the source floor has
+    none) and its Python workers' memory."""
     figures = churning_keys.run_one(6_000, spark_args, case)
     assert figures['verdict'] == 'yes', figures
-    assert figures['lines'] == len(churning_keys.expected_lines(6_000))
-    assert figures['state_loads'].get('initial', 0) > 0, figures
+    floor = case in churning_keys.FLOOR_CASES
+    assert figures['lines'] == (0 if floor else len(churning_keys.expected_lines(6_000)))
+    assert (figures['state_loads'].get('initial', 0) > 0) == (case != 'source'), figures
     assert set(figures['state_load_ms']) == set(figures['state_loads'])
     assert figures['pss_mb_end'] == '' or figures['pss_mb_end'] > 0
+
+
+def test_a_floor_that_loses_events_fails():
+    class Counted:
+        def __init__(self, committed):
+            self.committed = committed
+
+    class Result:
+        def __init__(self, *committed):
+            self._counters = [Counted(c) for c in committed]
+
+        def metrics(self):
+            return self
+
+        def query(self, _):
+            return {'counters': self._counters}
+
+    assert churning_keys.reached_verdict(Result(400, 600), 1000) == 'yes'
+    assert churning_keys.reached_verdict(Result(999), 1000).startswith('failed: 999 of 1000')
+    assert churning_keys.reached_verdict(Result(), 1000).startswith('failed: 0 of 1000')
 
 
 def test_the_steady_rate_leaves_out_the_ramp_up():
