@@ -207,11 +207,13 @@ def goal_verdict(row: dict) -> str:
     """`met`, or what a StreamsSparkRunner row misses of the goals."""
     if row['median_s'] == '':
         return 'no time'
+    if '' in (row['x PySpark'], *(row[f'vs {d}'] for d in micro.DIRECT_RUNNERS)):
+        return 'not judged (a reference row has no time)'
     missed = []
-    if row['x PySpark'] == '' or row['x PySpark'] > GOAL_TO_PYSPARK:
+    if row['x PySpark'] > GOAL_TO_PYSPARK:
         missed.append(f'> {GOAL_TO_PYSPARK}x PySpark')
     for direct in micro.DIRECT_RUNNERS:
-        if row[f'vs {direct}'] == '' or row[f'vs {direct}'] < GOAL_OVER_DIRECT:
+        if row[f'vs {direct}'] < GOAL_OVER_DIRECT:
             missed.append(f'< {GOAL_OVER_DIRECT}x {direct}')
     return 'met' if not missed else 'missed: ' + ', '.join(missed)
 

@@ -32,6 +32,7 @@ their contents, which belonged to the abandoned task's output.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -39,6 +40,7 @@ from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.runners import common
 from apache_beam.runners.worker import bundle_processor, operation_specs, operations
+from apache_beam.transforms import combiners, core
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner.options import DEFAULT_BUNDLE_SIZE
@@ -49,14 +51,94 @@ PRECOMBINE_URN = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
 
 class TaskPartialCombine(operations.PGBKCVOperation):
     """Beam's partial combine, whose table outlives harness bundles while a task
-    holds it (`holder`); `drain` empties it outside any harness bundle."""
+    holds it (`holder`); `drain` empties it outside any harness bundle.
+
+    The table is this class's own (Beam's is private to its compiled operation), kept
+    as Beam keeps it: per (window, key) a `[accumulator, timestamp]`, at most
+    `max_keys` keys, a tenth of them output in arrival order past that bound. So a
+    stateless chain in front can hand it a whole batch (`add_batch`): the batch's
+    values grouped per key and added with one `add_inputs` per key, not one harness
+    dispatch per element."""
 
     holder: object = None
     _drained: list | None = None
 
+    def setup(self, data_sampler=None) -> None:
+        super().setup(data_sampler)
+        self._table: dict = {}
+        fn = self.combine_fn
+        # Beam's bound (`PGBKCVOperation.max_keys`), for its tiny accumulators.
+        self._max_keys = 1_000_000 if (
+            isinstance(fn, (combiners.CountCombineFn, combiners.MeanCombineFn))
+            or (isinstance(fn, core.CallableWrapperCombineFn) and fn._fn in (min, max, sum))
+        ) else 100_000
+        self._per_element_timestamps = (not self.is_default_windowing
+                                        and self.timestamp_combiner is not None)
+
+    def process(self, wkv: WindowedValue) -> None:
+        with self.scoped_process_state:
+            key, value = wkv.value
+            if self.is_default_windowing:
+                self.add_key_value(key, value, None)
+            else:
+                timestamp = wkv.timestamp if self.timestamp_combiner else None
+                for window in wkv.windows:
+                    self.add_key_value((window, key), value, timestamp)
+
+    def add_key_value(self, wkey, value, timestamp) -> None:
+        entry = self._table.get(wkey)
+        if entry is None:
+            entry = self._new_entry(wkey, timestamp)
+        entry[0] = self.combine_fn_add_input(entry[0], value)
+        if self._per_element_timestamps:
+            entry[1] = self.timestamp_combiner.combine(entry[1], timestamp)
+
+    def add_batch(self, values: list, bases: list) -> None:
+        """`process` for each `(key, value)` of `values`, whose windows and timestamp
+        are those of the WindowedValue at the same place in `bases`."""
+        if self._per_element_timestamps:
+            for value, base in zip(values, bases, strict=True):
+                self.process(base.with_value(value))
+            return
+        grouped: dict = {}
+        with self.scoped_process_state:
+            if self.is_default_windowing:
+                for key, value in values:
+                    inputs = grouped.get(key)
+                    if inputs is None:
+                        grouped[key] = [value]
+                    else:
+                        inputs.append(value)
+            else:
+                for (key, value), base in zip(values, bases, strict=True):
+                    for window in base.windows:
+                        grouped.setdefault((window, key), []).append(value)
+            table, add_inputs = self._table, self.combine_fn.add_inputs
+            for wkey, inputs in grouped.items():
+                entry = table.get(wkey)
+                if entry is None:
+                    entry = self._new_entry(wkey, None)
+                entry[0] = add_inputs(entry[0], inputs)
+
+    def _new_entry(self, wkey, timestamp) -> list:
+        table = self._table
+        if len(table) >= self._max_keys:
+            # Beam's eviction: the oldest tenth out, in arrival order.
+            evicted = list(itertools.islice(table, len(table) - len(table) * 9 // 10))
+            for old in evicted:
+                accumulator, old_timestamp = table.pop(old)
+                self.output_key(old, accumulator, old_timestamp)
+        entry = table[wkey] = [self.combine_fn.create_accumulator(), timestamp]
+        return entry
+
     def finish(self) -> None:
         if self.holder is None:
-            operations.PGBKCVOperation.finish(self)
+            self._output_table()
+
+    def _output_table(self) -> None:
+        table, self._table = self._table, {}
+        for wkey, (accumulator, timestamp) in table.items():
+            self.output_key(wkey, accumulator, timestamp)
 
     def output(self, windowed_value: WindowedValue, output_index: int = 0) -> None:
         # Beam's `finish` and its eviction past the bound both output through here.
@@ -70,7 +152,7 @@ class TaskPartialCombine(operations.PGBKCVOperation):
         """Empties the table: its (key, accumulator) elements, as Beam would output them."""
         self._drained = drained = []
         try:
-            operations.PGBKCVOperation.finish(self)
+            self._output_table()
         finally:
             self._drained = None
         return drained

@@ -41,6 +41,7 @@ from beam_streams_runner.translators.chain_steps import (
     ParDoStep,
     overrides,
 )
+from beam_streams_runner.translators.partial_combine import TaskPartialCombine
 
 STATELESS_CHAIN_URN = 'beam_streams_runner:stateless_chain:v1'
 _PAR_DO = common_urns.primitives.PAR_DO.urn
@@ -159,6 +160,8 @@ class StatelessChainOperation(operations.Operation):
         super().__init__(name_context, spec, counter_factory, state_sampler)
         self.steps = steps
         self._pending: list[WindowedValue] = []
+        # The chain's one consumer when it takes whole batches (a task's partial combine).
+        self.batch_consumer: TaskPartialCombine | None = None
 
     def setup(self, data_sampler=None) -> None:
         super().setup(data_sampler)
@@ -196,8 +199,11 @@ class StatelessChainOperation(operations.Operation):
             for out_values, out_bases in self.steps[index].apply(values, bases):
                 self._push(index + 1, out_values, out_bases)
             return
-        receive = self.receivers[0].receive
         try:
+            if self.batch_consumer is not None:
+                self.batch_consumer.add_batch(values, bases)
+                return
+            receive = self.receivers[0].receive
             for value, base in zip(values, bases, strict=True):
                 receive(base if base.value is value else base.with_value(value))
         except BaseException as exn:  # noqa: BLE001
@@ -257,6 +263,9 @@ def _create_stateless_chain(factory, transform_id: str,
         common.NameContext(transform_proto.unique_name, transform_id),
         operation_specs.WorkerFlatten(None, [factory.get_only_output_coder(transform_proto)]),
         factory.counter_factory, factory.state_sampler, steps)
+    readers = [reader for ops in consumers.values() for reader in ops]
+    if len(readers) == 1 and isinstance(readers[0], TaskPartialCombine):
+        op.batch_consumer = readers[0]
     return factory.augment_oldstyle_op(op, transform_proto.unique_name, consumers)
 
 

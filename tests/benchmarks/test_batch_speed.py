@@ -64,3 +64,6 @@ def test_a_wrong_or_empty_output_fails_and_has_no_time():
     assert broken['output_ok'].startswith('failed') and broken['median_s'] == ''
     assert broken['vs DirectRunner'] == '' and broken['cpu_s'] == ''
     assert broken['goals'] == 'no time'
+    del walls[configs[0]]  # without a PySpark row there is nothing to judge against
+    spark = batch_speed.summarize('maps', configs[1:], walls, cpus, verdicts, 10)[2]
+    assert spark['x PySpark'] == '' and spark['goals'].startswith('not judged')

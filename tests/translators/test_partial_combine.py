@@ -251,3 +251,48 @@ def test_a_failure_while_emitting_names_the_stage(spark_session, spark_args):
     with pytest.raises(Exception, match='compact failed on purpose') as raised:
         p.run().wait_until_finish()
     assert 'Sum/Precombine' in str(raised.value)
+
+
+def _windowed_combines(p, path):
+    """Per-key combines over sliding windows, fed by a stateless chain: a CombineFn
+    with its own accumulator (mean), one wrapping a callable (max) and a count whose
+    output timestamp is the earliest input's (the per-element timestamp path)."""
+    pairs = (p
+             | beam.io.ReadFromText(path)
+             | beam.Map(lambda line: line.split(','))
+             | beam.Map(lambda f: window.TimestampedValue((f[0], int(f[1])), int(f[2])))
+             | beam.WindowInto(window.SlidingWindows(10, 5)))
+    earliest = (pairs
+                | 'Earliest' >> beam.WindowInto(
+                    window.SlidingWindows(10, 5),
+                    timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST)
+                | 'Count' >> beam.combiners.Count.PerKey())
+    combined = [pairs | 'Mean' >> beam.combiners.Mean.PerKey(),
+                pairs | 'Max' >> beam.CombinePerKey(max), earliest]
+
+    def line(tag):
+        def format_(kv, w=beam.DoFn.WindowParam, t=beam.DoFn.TimestampParam):
+            return f'{tag} {kv[0]} {kv[1]} {w.start} {t}'
+        return format_
+    return [c | f'Format{i}' >> beam.Map(line(i)) for i, c in enumerate(combined)]
+
+
+def test_a_chain_hands_its_partial_combine_whole_batches_as_elements_would(
+        tmp_path, spark_session, spark_args):
+    # The chain in front of each partial combine hands it batches (`add_batch`); with
+    # the chains off the same combines get one element at a time (`process`): the
+    # outputs, windows and timestamps are the same.
+    rows = [f'k{i % 7},{(i * 37) % 101},{i % 60}' for i in range(3000)]
+    path = tmp_path / 'rows.csv'
+    path.write_text('\n'.join(rows) + '\n')
+    outputs = {}
+    for label, extra in (('chains', []), ('elements', ['--no_stateless_chains'])):
+        out = str(tmp_path / label)
+        with beam.Pipeline(runner=StreamsSparkRunner(),
+                           options=PipelineOptions([*spark_args, *extra])) as p:
+            _ = (_windowed_combines(p, str(path)) | beam.Flatten()
+                 | beam.io.WriteToText(out))
+        outputs[label] = sorted(line for f in tmp_path.glob(f'{label}*')
+                                for line in f.read_text().splitlines())
+    assert outputs['chains'] and outputs['chains'] == outputs['elements']
+    assert {line.split()[0] for line in outputs['chains']} == {'0', '1', '2'}
