@@ -47,6 +47,7 @@ from beam_streams_runner.options import DEFAULT_BUNDLE_SIZE
 from beam_streams_runner.records import ChunkBuilder, Record
 
 PRECOMBINE_URN = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+_BUFFERED_CALLABLES = (core.CallableWrapperCombineFn, core.NoSideInputsCallableWrapperCombineFn)
 
 
 class TaskPartialCombine(operations.PGBKCVOperation):
@@ -74,6 +75,10 @@ class TaskPartialCombine(operations.PGBKCVOperation):
         ) else 100_000
         self._per_element_timestamps = (not self.is_default_windowing
                                         and self.timestamp_combiner is not None)
+        # (callable, buffer size) of Beam's wrappers of a plain callable, whose
+        # accumulator is a list (`_add_to_buffers`); subclasses may differ.
+        self._buffered_callable = (
+            (fn._fn, fn._buffer_size) if type(fn) in _BUFFERED_CALLABLES else None)
 
     def process(self, wkv: WindowedValue) -> None:
         with self.scoped_process_state:
@@ -100,6 +105,9 @@ class TaskPartialCombine(operations.PGBKCVOperation):
             for value, base in zip(values, bases, strict=True):
                 self.process(base.with_value(value))
             return
+        if self._buffered_callable is not None and self.is_default_windowing:
+            self._add_to_buffers(values)
+            return
         grouped: dict = {}
         with self.scoped_process_state:
             if self.is_default_windowing:
@@ -119,6 +127,22 @@ class TaskPartialCombine(operations.PGBKCVOperation):
                 if entry is None:
                     entry = self._new_entry(wkey, None)
                 entry[0] = add_inputs(entry[0], inputs)
+
+    def _add_to_buffers(self, values: list) -> None:
+        """`add_batch` for a CombineFn wrapping a callable (`CombinePerKey(sum)`): its
+        accumulator is a list of inputs that the callable compacts once it is longer
+        than the buffer (Beam's `add_input`), so each value is appended in place."""
+        fn, size = self._buffered_callable
+        table = self._table
+        with self.scoped_process_state:
+            for key, value in values:
+                entry = table.get(key)
+                if entry is None:
+                    entry = self._new_entry(key, None)
+                buffer = entry[0]
+                buffer.append(value)
+                if len(buffer) > size:
+                    entry[0] = [fn(buffer)]
 
     def _new_entry(self, wkey, timestamp) -> list:
         table = self._table

@@ -46,6 +46,7 @@ from beam_streams_runner.translators.partial_combine import TaskPartialCombine
 STATELESS_CHAIN_URN = 'beam_streams_runner:stateless_chain:v1'
 _PAR_DO = common_urns.primitives.PAR_DO.urn
 _ASSIGN_WINDOWS = common_urns.primitives.ASSIGN_WINDOWS.urn
+_STATELESS_DOFN_URNS = (python_urns.KEY_WITH_NONE_DOFN,)
 
 
 # Plan side ---------------------------------------------------------------------------
@@ -112,11 +113,15 @@ def is_chainable(transform: beam_runner_api_pb2.PTransform) -> bool:
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     if (payload.side_inputs or payload.state_specs or payload.timer_family_specs
             or payload.restriction_coder_id or payload.requests_finalization
-            or payload.requires_time_sorted_input
-            or payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO):
+            or payload.requires_time_sorted_input):
+        return False
+    # A pickled DoFn, or one of the DoFns Beam names by a URN of its own (the
+    # `KeyWithVoid` of every CombineGlobally).
+    if payload.do_fn.urn not in (python_urns.PICKLED_DOFN_INFO, *_STATELESS_DOFN_URNS):
         return False
     try:
-        fn, args, kwargs, side_inputs, _ = pickler.loads(payload.do_fn.payload)
+        fn, args, kwargs, side_inputs, _ = pickler.loads(
+            core.DoFnInfo.from_runner_api(payload.do_fn, None).serialized_dofn_data())
     except Exception:  # noqa: BLE001 - what cannot be inspected keeps the harness
         return False
     return is_plain_dofn(fn, args, kwargs, side_inputs)
@@ -160,8 +165,8 @@ class StatelessChainOperation(operations.Operation):
         super().__init__(name_context, spec, counter_factory, state_sampler)
         self.steps = steps
         self._pending: list[WindowedValue] = []
-        # The chain's one consumer when it takes whole batches (a task's partial combine).
-        self.batch_consumer: TaskPartialCombine | None = None
+        # The chain's one consumer when it takes whole batches (`batch_consumer_of`).
+        self.batch_consumer: TaskPartialCombine | DataOutputBatches | None = None
 
     def setup(self, data_sampler=None) -> None:
         super().setup(data_sampler)
@@ -263,10 +268,37 @@ def _create_stateless_chain(factory, transform_id: str,
         common.NameContext(transform_proto.unique_name, transform_id),
         operation_specs.WorkerFlatten(None, [factory.get_only_output_coder(transform_proto)]),
         factory.counter_factory, factory.state_sampler, steps)
-    readers = [reader for ops in consumers.values() for reader in ops]
-    if len(readers) == 1 and isinstance(readers[0], TaskPartialCombine):
-        op.batch_consumer = readers[0]
+    op.batch_consumer = batch_consumer_of([reader for ops in consumers.values() for reader in ops])
     return factory.augment_oldstyle_op(op, transform_proto.unique_name, consumers)
+
+
+class DataOutputBatches:
+    """A stage's data output fed a chain's batch at once: each element encoded
+    straight into the output stream, whose size is checked once per batch."""
+
+    def __init__(self, output: bundle_processor.DataOutputOperation) -> None:
+        self._output = output
+
+    def add_batch(self, values: list, bases: list) -> None:
+        output = self._output
+        encode, stream = output.windowed_coder_impl.encode_to_stream, output.output_stream
+        for value, base in zip(values, bases, strict=True):
+            encode(base if base.value is value else base.with_value(value), stream, True)
+        stream.maybe_flush()
+
+
+def batch_consumer_of(readers: list) -> TaskPartialCombine | DataOutputBatches | None:
+    """What takes a chain's batches whole, when the chain's output has one reader that
+    can: a task's partial combine, or the stage's data output. Others get elements
+    one by one through the harness's receivers (which also count them)."""
+    if len(readers) != 1:
+        return None
+    reader = readers[0]
+    if isinstance(reader, TaskPartialCombine):
+        return reader
+    if type(reader) is bundle_processor.DataOutputOperation:
+        return DataOutputBatches(reader)
+    return None
 
 
 def _build_step(factory, transform_id: str, transform: beam_runner_api_pb2.PTransform

@@ -226,6 +226,18 @@ def test_a_run_of_stateless_steps_becomes_one_chain():
                                           for t in _descriptor(unchained).transforms.values()}
 
 
+def test_a_global_combines_key_with_void_joins_the_chain():
+    # Beam names CombineGlobally's KeyWithVoid DoFn by a URN of its own, not a pickled
+    # DoFn: it is as plain as any, and the chain then hands the partial combine whole
+    # batches.
+    def build(pcoll):
+        return pcoll | 'M' >> beam.Map(_plus_one) | 'Sum' >> beam.CombineGlobally(sum)
+
+    with _plans(build) as plans:
+        assert _chain_of(plans[True], 'M') == ['M', 'Sum/KeyWithVoid']
+        assert 'Sum/KeyWithVoid' in _harness_steps(plans[False])
+
+
 def test_steps_that_need_the_harness_stay_harness_steps():
     def build(pcoll):
         side = pcoll | 'Side' >> beam.Map(_plus_one)
