@@ -47,6 +47,7 @@ from beam_streams_runner.records import (
     chunks_by_target,
     decode_with_raw,
 )
+from beam_streams_runner.translators.global_kvs import GlobalKvChunks
 from beam_streams_runner.translators.operator import Bundle, Operator
 
 _ONLY_PANE = PaneInfo(
@@ -149,20 +150,27 @@ class KeyPartitioner:
     """Map side of a keyed shuffle: routes encoded KV elements by their key."""
 
     def __init__(self, element_coder_impl, key_coder_impl, num_partitions: int,
-                 bundle_size: int) -> None:
+                 bundle_size: int, global_kvs: GlobalKvChunks | None = None) -> None:
+        """`global_kvs`: a reader of the elements' chunks when they are KVs in the global
+        window (their keys' bytes read, not encoded again)."""
         self._element_coder = element_coder_impl
         self._key_coder = key_coder_impl
         self._num_partitions = num_partitions
         self._bundle_size = bundle_size
+        self._global_kvs = global_kvs
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
         n = self._num_partitions
-        encode_key = self._key_coder.encode_nested
         crc32 = zlib.crc32
-        routed = (
-            (crc32(encode_key(windowed.value[0])) % n, raw)
-            for chunk in chunks
-            for windowed, raw in decode_with_raw(self._element_coder, chunk))
+        if self._global_kvs is not None:
+            keyed_raw = self._global_kvs.keyed_raw
+            routed = ((crc32(key) % n, raw) for chunk in chunks for key, raw in keyed_raw(chunk))
+        else:
+            encode_key = self._key_coder.encode_nested
+            routed = (
+                (crc32(encode_key(windowed.value[0])) % n, raw)
+                for chunk in chunks
+                for windowed, raw in decode_with_raw(self._element_coder, chunk))
         return chunks_by_target(routed, n, self._bundle_size, tag)
 
 
@@ -182,7 +190,9 @@ class GroupByKeyOperator(Operator):
     (`streaming_group_by_key`)."""
 
     def __init__(self, coders: GroupingCoders, windowing, output_id: str,
-                 bundle_size: int) -> None:
+                 bundle_size: int, global_kvs: GlobalKvChunks | None = None) -> None:
+        """`global_kvs`: a reader of the input's chunks when its elements are KVs in the
+        global window (the keys' bytes read, not encoded again)."""
         self._coders = coders
         self._windowing = windowing
         self._output_id = output_id
@@ -191,12 +201,22 @@ class GroupByKeyOperator(Operator):
         # Global window, default trigger (see `batch_panes`): values are kept
         # without their windows.
         self._trivial = windowing.is_default()
+        self._global_kvs = global_kvs
 
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         encode_key = self._coders.key.encode_nested
         buffers = self._buffers
         decode_all = self._coders.input.decode_all
         trivial = self._trivial
+        if trivial and self._global_kvs is not None:
+            keyed_values = self._global_kvs.keyed_values
+            for _, chunk in bundle:
+                for encoded, key, value in keyed_values(chunk):
+                    entry = buffers.get(encoded)
+                    if entry is None:
+                        entry = buffers[encoded] = (key, [])
+                    entry[1].append(value)
+            return []
         for _, chunk in bundle:
             for windowed in decode_all(chunk):
                 key, value = windowed.value

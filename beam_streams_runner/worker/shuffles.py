@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import Punctuation, Record
+from beam_streams_runner.translators.global_kvs import GlobalKvChunks
 from beam_streams_runner.translators.group_by_key import KeyPartitioner
 from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
 from beam_streams_runner.worker.worker_plan import WorkerPlan
@@ -22,11 +23,16 @@ from beam_streams_runner.worker.worker_plan import WorkerPlan
 def key_partition(plan_bc, coder_id: str, key_coder_id: str, tag: str,
                   chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
     plan: WorkerPlan = plan_bc.value
-    runtime = plan.runtime()
-    partitioner = KeyPartitioner(
-        runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
-        plan.num_partitions, plan.bundle_size)
+    partitioner = _key_partitioner(plan, coder_id, key_coder_id)
     return shuffle_failures_named(partitioner.partition(tag, chunks), plan, tag)
+
+
+def _key_partitioner(plan: WorkerPlan, coder_id: str, key_coder_id: str) -> KeyPartitioner:
+    runtime = plan.runtime()
+    return KeyPartitioner(
+        runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
+        plan.num_partitions, plan.bundle_size,
+        GlobalKvChunks.of(runtime.coder(coder_id), runtime.coder(key_coder_id)))
 
 
 def shuffle_failures_named(routed: Iterator, plan: WorkerPlan, tag: str) -> Iterator:
@@ -59,9 +65,7 @@ def round_robin_partition(plan_bc, input_coder_id: str, output_coder_id: str, ta
 def keyed_shuffle(plan_bc, coder_id: str, key_coder_id: str, tag: str,
                   records: Iterable[tuple[str, object]]) -> Iterator[tuple[int, tuple]]:
     plan: WorkerPlan = plan_bc.value
-    runtime = plan.runtime()
-    partitioner = KeyPartitioner(runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
-                                 plan.num_partitions, plan.bundle_size)
+    partitioner = _key_partitioner(plan, coder_id, key_coder_id)
     return shuffle_failures_named(
         _routed(records, plan.num_partitions, tag, partitioner.partition), plan, tag)
 
