@@ -47,7 +47,7 @@ from beam_streams_runner.records import (
     chunks_by_target,
     decode_with_raw,
 )
-from beam_streams_runner.translators.global_kvs import GlobalKvChunks
+from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import Bundle, Operator
 
 _ONLY_PANE = PaneInfo(
@@ -150,20 +150,20 @@ class KeyPartitioner:
     """Map side of a keyed shuffle: routes encoded KV elements by their key."""
 
     def __init__(self, element_coder_impl, key_coder_impl, num_partitions: int,
-                 bundle_size: int, global_kvs: GlobalKvChunks | None = None) -> None:
-        """`global_kvs`: a reader of the elements' chunks when they are KVs in the global
-        window (their keys' bytes read, not encoded again)."""
+                 bundle_size: int, kv_chunks: KvChunks | None = None) -> None:
+        """`kv_chunks`: a reader of the elements' chunks when they are windowed KVs
+        (their keys' bytes read as sent, not encoded again)."""
         self._element_coder = element_coder_impl
         self._key_coder = key_coder_impl
         self._num_partitions = num_partitions
         self._bundle_size = bundle_size
-        self._global_kvs = global_kvs
+        self._kv_chunks = kv_chunks
 
     def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
         n = self._num_partitions
         crc32 = zlib.crc32
-        if self._global_kvs is not None:
-            keyed_raw = self._global_kvs.keyed_raw
+        if self._kv_chunks is not None:
+            keyed_raw = self._kv_chunks.keyed_raw
             routed = ((crc32(key) % n, raw) for chunk in chunks for key, raw in keyed_raw(chunk))
         else:
             encode_key = self._key_coder.encode_nested
@@ -190,9 +190,9 @@ class GroupByKeyOperator(Operator):
     (`streaming_group_by_key`)."""
 
     def __init__(self, coders: GroupingCoders, windowing, output_id: str,
-                 bundle_size: int, global_kvs: GlobalKvChunks | None = None) -> None:
-        """`global_kvs`: a reader of the input's chunks when its elements are KVs in the
-        global window (the keys' bytes read, not encoded again)."""
+                 bundle_size: int, kv_chunks: KvChunks | None = None) -> None:
+        """`kv_chunks`: a reader of the input's chunks when its elements are windowed
+        KVs (the keys' bytes read as sent, not encoded again)."""
         self._coders = coders
         self._windowing = windowing
         self._output_id = output_id
@@ -201,15 +201,15 @@ class GroupByKeyOperator(Operator):
         # Global window, default trigger (see `batch_panes`): values are kept
         # without their windows.
         self._trivial = windowing.is_default()
-        self._global_kvs = global_kvs
+        self._kv_chunks = kv_chunks
 
     def process_bundle(self, bundle: Bundle) -> list[Record]:
         encode_key = self._coders.key.encode_nested
         buffers = self._buffers
         decode_all = self._coders.input.decode_all
         trivial = self._trivial
-        if trivial and self._global_kvs is not None:
-            keyed_values = self._global_kvs.keyed_values
+        if trivial and self._kv_chunks is not None:
+            keyed_values = self._kv_chunks.keyed_values
             for _, chunk in bundle:
                 for encoded, key, value in keyed_values(chunk):
                     entry = buffers.get(encoded)

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.errors import StageExecutionError, stage_failures_named
 from beam_streams_runner.records import MAX_WATERMARK, Record
-from beam_streams_runner.translators.global_kvs import GlobalKvChunks
 from beam_streams_runner.translators.group_by_key import GroupByKeyOperator
+from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
 from beam_streams_runner.worker.runtime import WorkerRuntime
@@ -56,7 +56,7 @@ def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_i
     spec = plan.groupings[stage.inputs[input_id]]
     operator = GroupByKeyOperator(
         spec.coders(runtime), spec.windowing(runtime), input_id, plan.bundle_size,
-        GlobalKvChunks.of(runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)))
+        KvChunks.of(runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)))
     try:
         for record in records:
             operator.process_bundle([record])

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from beam_streams_runner.errors import StageExecutionError
 from beam_streams_runner.records import Punctuation, Record
-from beam_streams_runner.translators.global_kvs import GlobalKvChunks
 from beam_streams_runner.translators.group_by_key import KeyPartitioner
+from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.reshuffle import RoundRobinPartitioner
 from beam_streams_runner.worker.worker_plan import WorkerPlan
 
@@ -32,7 +32,7 @@ def _key_partitioner(plan: WorkerPlan, coder_id: str, key_coder_id: str) -> KeyP
     return KeyPartitioner(
         runtime.coder_impl(coder_id), runtime.coder_impl(key_coder_id),
         plan.num_partitions, plan.bundle_size,
-        GlobalKvChunks.of(runtime.coder(coder_id), runtime.coder(key_coder_id)))
+        KvChunks.of(runtime.coder(coder_id), runtime.coder(key_coder_id)))
 
 
 def shuffle_failures_named(routed: Iterator, plan: WorkerPlan, tag: str) -> Iterator:
