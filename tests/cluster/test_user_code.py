@@ -53,4 +53,11 @@ def test_the_users_module_through_py_files(local_cluster, tmp_path):
 def test_a_module_the_executors_lack_is_named(local_cluster, tmp_path):
     done = _run(local_cluster, tmp_path)
     assert done.returncode != 0
-    assert "No module named 'mylib'" in done.stderr.strip().splitlines()[-1]
+    # The runner's error, the last line of the program's traceback. Not always the
+    # last line of stderr: the driver's JVM writes there from its own process, and a
+    # task of the failed job that Spark kills afterwards is logged (WARN TaskSetManager:
+    # Lost task ... TaskKilled) when it stops, which may be after the traceback.
+    errors = [line for line in done.stderr.splitlines()
+              if line.startswith('beam_streams_runner.errors.PipelineExecutionError: ')]
+    assert errors, done.stderr[-3000:]
+    assert "failed: ModuleNotFoundError: No module named 'mylib'" in errors[-1]
