@@ -30,6 +30,7 @@ _COMBINE = common_urns.combine_components
 # in the failure's traceback means a CombineFn raised (the user's frame is below it).
 _PARTIAL_COMBINE_OPERATIONS = ('PGBKCVOperation', 'TaskPartialCombine')
 _COMBINE_OPERATIONS = ('CombineOperation',)
+_TASK_PARTIAL_COMBINE_FILE = 'partial_combine.py'  # translators/partial_combine.py
 _PARTIAL_COMBINE_URNS = frozenset([_COMBINE.COMBINE_PER_KEY_PRECOMBINE.urn])
 _COMBINE_URNS = frozenset([
     _COMBINE.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn,
@@ -100,9 +101,13 @@ def failed_combine_step(exc: BaseException, transforms: Mapping[str, object]) ->
     by the step itself; None too when the stage has several combining steps that
     could have raised.
     """
-    names = _frame_names(list(_chain(exc))[-1])
+    root = list(_chain(exc))[-1]
+    names = _frame_names(root)
+    # The runner's partial combine is Python: its frames carry no class name.
+    files = [frame.filename for frame in traceback.extract_tb(root.__traceback__)]
     urns: frozenset[str] = frozenset()
-    if any(op + '.' in name for name in names for op in _PARTIAL_COMBINE_OPERATIONS):
+    if (any(op + '.' in name for name in names for op in _PARTIAL_COMBINE_OPERATIONS)
+            or any(path.endswith(_TASK_PARTIAL_COMBINE_FILE) for path in files)):
         urns = _PARTIAL_COMBINE_URNS
     elif any(op + '.' in name for name in names for op in _COMBINE_OPERATIONS):
         urns = _COMBINE_URNS
