@@ -30,7 +30,6 @@ _COMBINE = common_urns.combine_components
 # in the failure's traceback means a CombineFn raised (the user's frame is below it).
 _PARTIAL_COMBINE_OPERATIONS = ('PGBKCVOperation', 'TaskPartialCombine')
 _COMBINE_OPERATIONS = ('CombineOperation',)
-_TASK_PARTIAL_COMBINE_FILE = 'partial_combine.py'  # translators/partial_combine.py
 _PARTIAL_COMBINE_URNS = frozenset([_COMBINE.COMBINE_PER_KEY_PRECOMBINE.urn])
 _COMBINE_URNS = frozenset([
     _COMBINE.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn,
@@ -73,6 +72,18 @@ def _frame_names(exc: BaseException) -> list[str]:
     return [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
 
 
+def _qualified_frame_names(exc: BaseException) -> list[str]:
+    """Each frame's function name and qualified name: a Python method's carries its
+    class (`TaskPartialCombine.add_batch`), as a compiled (Cython) frame's name does."""
+    names = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        names.append(f'{code.co_name} {code.co_qualname}')
+        tb = tb.tb_next
+    return names
+
+
 def failure_hint(exc: BaseException, step: str | None) -> str:
     """What to do about `exc`, raised running `step`: a line ending in a newline, or ''."""
     chain = list(_chain(exc))
@@ -101,13 +112,9 @@ def failed_combine_step(exc: BaseException, transforms: Mapping[str, object]) ->
     by the step itself; None too when the stage has several combining steps that
     could have raised.
     """
-    root = list(_chain(exc))[-1]
-    names = _frame_names(root)
-    # The runner's partial combine is Python: its frames carry no class name.
-    files = [frame.filename for frame in traceback.extract_tb(root.__traceback__)]
+    names = _qualified_frame_names(list(_chain(exc))[-1])
     urns: frozenset[str] = frozenset()
-    if (any(op + '.' in name for name in names for op in _PARTIAL_COMBINE_OPERATIONS)
-            or any(path.endswith(_TASK_PARTIAL_COMBINE_FILE) for path in files)):
+    if any(op + '.' in name for name in names for op in _PARTIAL_COMBINE_OPERATIONS):
         urns = _PARTIAL_COMBINE_URNS
     elif any(op + '.' in name for name in names for op in _COMBINE_OPERATIONS):
         urns = _COMBINE_URNS
