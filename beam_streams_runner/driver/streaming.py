@@ -71,6 +71,7 @@ from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StageP
 from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summary
 from beam_streams_runner.driver.side_input_buffers import SideInputBuffers
 from beam_streams_runner.driver.source_positions import SourcePositions
+from beam_streams_runner.driver.source_splits import SourceSplitter
 from beam_streams_runner.driver.stage_kinds import STAGE_KINDS, stage_builder
 from beam_streams_runner.errors import (
     PipelineExecutionError,
@@ -141,6 +142,9 @@ class StreamingDriver:
         self.sources = SourcePositions(self._test_stream_events, frozenset(
             s.name for s in plan.stages if s.kind == 'test_stream'))
         self.side_inputs = SideInputBuffers(sc, plan)
+        coders = plan.execution_context.pipeline_context.coders
+        self._splitter = SourceSplitter(lambda coder_id: coders[coder_id].get_impl(),
+                                        self.num_partitions)
         self.revisions = PartitionRevisions()
         self.checkpointing = Checkpointing(checkpoint, plan, self.num_partitions, self.run_id)
         self._draining = threading.Event()
@@ -305,7 +309,17 @@ class StreamingDriver:
             for residual in report.residuals:
                 self.sources.add(stage_name, residual,
                                  clock + int(residual.resume_delay_s * 1e6))
+        self._observe_reads(job, reports)
         return reports
+
+    def _observe_reads(self, job: EpochJob, reports: dict[tuple[str, int], PartitionReport]
+                       ) -> None:
+        """Tells the source splitter what each source stage read of what it was dealt."""
+        for stage in self.plan.stages:
+            if job.due.get(stage.name):
+                mine = [r for (name, _), r in reports.items() if name == stage.name]
+                self._splitter.observe(stage, [x for r in mine for x in r.residuals],
+                                       sum(r.read_s for r in mine))
 
     def _adapt_read_budget(self, wall_s: float,
                            reports: dict[tuple[str, int], PartitionReport]) -> None:
@@ -399,16 +413,14 @@ class StreamingDriver:
         if residuals or self.sources.pending(stage.name):
             # Dealt by rank, the slowest to task 0, the next to task 1, ...: each task
             # reads its furthest-behind restriction first (`read_on`), so the slowest of
-            # the whole stage read at once. One record per slice: Spark gives each its own.
+            # the whole stage read at once; with fewer than tasks, one is split so every
+            # task reads (`source_splits`). One record per slice: Spark gives each its own.
             # With none due but some kept for later, one task still runs: it sends the
             # stage's watermark, held by the kept ones (`EpochInfo.holds`). Without it a
             # stage fed only by finished stages has no task, its consumers hear no
             # channel of it and take +inf, and drop what it reads later as late.
-            ordered = sorted(residuals, key=lambda r: r.watermark)
-            slices = max(1, min(len(ordered), self.num_partitions))
-            inputs.append(sc.parallelize(
-                [('', DueResiduals(tuple(ordered[i::slices]))) for i in range(slices)],
-                slices))
+            dealt = self._splitter.deal(stage, residuals, self.read_budget_ms / 1000.0)
+            inputs.append(sc.parallelize([('', DueResiduals(d)) for d in dealt], len(dealt)))
         source = inputs[0] if len(inputs) == 1 else sc.union(inputs)
         metrics, warnings, reports, name = self.metrics, self.warnings, self.reports, stage.name
         counted = self.progress.counted.get(stage.name, ())
