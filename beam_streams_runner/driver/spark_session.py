@@ -43,6 +43,7 @@ _LOGGER = logging.getLogger(__name__)
 
 MASTER_CONNECT_TIMEOUT_S = 5.0
 
+_JVM_OPTIONS = '-XX:TieredStopAtLevel=1'
 # Defaults of a session the runner starts; --spark_conf entries override them.
 _DEFAULT_CONF = {
     'spark.ui.showConsoleProgress': 'true',
@@ -53,6 +54,11 @@ _DEFAULT_CONF = {
     'spark.executorEnv.PYTHONHASHSEED': '0',
     # Workers forked with Beam already imported (see worker.daemon).
     'spark.python.daemon.module': 'beam_streams_runner.worker.daemon',
+    # The JVM's work here is scheduling, py4j and moving bytes between Python workers;
+    # its optimising JIT compiler (C2) took a third of a 2-core machine's CPU for the
+    # first minute of a run, more than it ever gives back (docs/decisions.md).
+    'spark.driver.extraJavaOptions': _JVM_OPTIONS,
+    'spark.executor.extraJavaOptions': _JVM_OPTIONS,
 }
 
 

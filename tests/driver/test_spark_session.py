@@ -173,6 +173,9 @@ def test_new_session_gets_the_options():
             return (zipimport.zipimporter.invalidate_caches.__name__,
                     {'pyspark.zip', 'py4j'} <= names)
 
+        jvm_args = sc._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean(
+            ).getInputArguments()
+        print('JVM', '-XX:TieredStopAtLevel=1' in list(jvm_args))
         print('RESULT', sc.master, sc.appName, sc.defaultParallelism,
               conf.get('spark.app.id.custom'), conf.get('spark.python.worker.reuse'),
               ','.join(seeds), get_or_create_spark(opts, 'again') is spark,
@@ -189,3 +192,5 @@ def test_new_session_gets_the_options():
     assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True '
                       "beam_streams_runner.worker.daemon ('_invalidate_caches', True)"
                       ], proc.stdout
+    # The driver's JVM was started with the runner's JIT setting (C1 only).
+    assert 'JVM True' in proc.stdout.splitlines(), proc.stdout
