@@ -99,7 +99,9 @@ def test_one_restriction_is_read_by_every_task(tmp_path, spark_session, monkeypa
         return slices
 
     monkeypatch.setattr(SourceSplitter, 'deal', recording)
-    events, start, interval = 60_000, 1_000_000_000, 0.0005
+    # Short epochs and enough events that the source is read over many epochs on any
+    # machine (a restriction is cut from the third epoch on: the first two give a rate).
+    events, start, interval = 200_000, 1_000_000_000, 0.0005
 
     def build(p):
         return (p
@@ -109,7 +111,10 @@ def test_one_restriction_is_read_by_every_task(tmp_path, spark_session, monkeypa
                 | beam.CombinePerKey(sum)
                 | beam.Map(lambda kv, w=beam.DoFn.WindowParam: (int(w.start), *kv)))
 
-    lines = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'out'), SPARK_ARGS)
+    # Two tasks whatever the shared session's default parallelism (an earlier test's
+    # pipeline may have started it with --parallelism=1).
+    lines = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'out'),
+                          [*SPARK_ARGS, '--parallelism=2', '--target_latency_ms=200'])
     expected = collections.Counter()
     for n in range(events):
         micros = Timestamp.of(start + interval * n).micros
