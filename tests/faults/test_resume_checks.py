@@ -32,11 +32,11 @@ WIPE_DB = 4  # the session's redis-server: the store a test flushes
 
 
 def failing_run(fault_run, pipeline, sink, store, mode, attempts, store_url=None,
-                job=None, resets=1):
-    """A run whose DoFn at the source raises at element 350 until it ends in
+                job=None, resets=1, at=350, start=None):
+    """A run whose DoFn at the source raises at element `at` until it ends in
     `RegionResetError` after `resets` resets (the job keeps its checkpoints)."""
-    run = fault_run(pipeline, sink, store, mode, fault=('raise', 'source', 350, 10_000),
-                    store_url=store_url, job=job,
+    run = fault_run(pipeline, sink, store, mode, fault=('raise', 'source', at, 10_000),
+                    store_url=store_url, job=job, start=start,
                     extra=[f'--max_consecutive_reset_attempts={resets}'])
     with pytest.raises(RegionResetError) as info:
         run.run()
@@ -75,8 +75,12 @@ def test_a_wiped_store_is_detected_after_a_failed_run(store, fault_run, attempts
     directory deleted, or FLUSHDB). The same job started again fails at once with the
     `CheckpointStateError` that says the store was wiped, and publishes nothing."""
     store_url = redis_server.url_of(WIPE_DB) if store == 'redis' else None
+    # The stream starts 3 s from now and fails at its last second's element: a slow
+    # machine's first epoch (which reads all that is due) cannot reach the fault, and
+    # windows are published before it.
     run, _ = failing_run(fault_run, 'combine', 'files', store, 'blocking', attempts,
-                         store_url=store_url)
+                         store_url=store_url, at=590,
+                         start=harness.stream_start(lag_s=-3))
     before = run.output()
     assert before.lines, 'nothing was published before the failure: no cut to lose'
     if store == 'redis':
