@@ -27,6 +27,8 @@ import hashlib
 import os
 import pickle
 import struct
+import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,6 +41,7 @@ _CUT = b'cut'
 _LATEST = b'latest'
 _GRAPH = b'graph'
 _EPOCHS = b'epochs'
+_JOURNAL_LOCK = threading.Lock()
 EPOCH_RESERVATION = 1000  # epochs a driver reserves with one write
 
 
@@ -190,8 +193,13 @@ class CheckpointLedger:
             except FileNotFoundError:
                 pass
             return
-        os.makedirs(os.path.dirname(self._journal), exist_ok=True)
-        temporary = f'{self._journal}.tmp'
-        with open(temporary, 'w') as f:
-            f.write(str(sequence_id))
-        os.replace(temporary, self._journal)
+        directory = os.path.dirname(self._journal)
+        os.makedirs(directory, exist_ok=True)
+        # The regions of a job commit from threads of their own, to one journal: each
+        # write goes through a file of its own, and the journal keeps the newest id.
+        with _JOURNAL_LOCK:
+            sequence_id = max(sequence_id, self._journal_sequence())
+            with tempfile.NamedTemporaryFile('w', dir=directory, delete=False,
+                                             prefix='.journal-') as f:
+                f.write(str(sequence_id))
+            os.replace(f.name, self._journal)
