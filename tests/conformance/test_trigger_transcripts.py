@@ -24,8 +24,13 @@ from tests.conformance.skips import skip_listed
 # (more Spark tasks) without testing anything about triggers. Watermarks merged
 # across partitions and channels are covered at two partitions by
 # tests/driver/test_streaming.py and tests/translators/test_side_input_gate.py.
+# The transcripts that must fail do so in their checking DoFn, at the end of the
+# stream, and again on every replay: with the default five resets in a row, counted
+# again from each checkpoint reached in between (one every 10 s), such a test replayed
+# its stream up to a dozen times. Here a failing transcript is reset and replayed once.
 TEST_PIPELINE_OPTIONS = (
-    '--runner=StreamsSparkRunner --streaming --spark_master=local[2] --parallelism=1')
+    '--runner=StreamsSparkRunner --streaming --spark_master=local[2] --parallelism=1 '
+    '--checkpoint_period_s=600 --max_consecutive_reset_attempts=1')
 
 
 @pytest.fixture(autouse=True)
