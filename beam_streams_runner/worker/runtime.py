@@ -25,6 +25,9 @@ from apache_beam.runners.worker import data_plane, sdk_worker, statesampler
 from apache_beam.runners.worker.statecache import StateCache
 
 from beam_streams_runner.state.state_handler import PartitionStateHandler
+from beam_streams_runner.worker import beam_speedups
+
+beam_speedups.install()
 
 
 class RoutingStateHandler(sdk_worker.StateHandler):

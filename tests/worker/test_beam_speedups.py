@@ -1,0 +1,62 @@
+"""The harness methods `beam_speedups` swaps in compute what Beam's own do."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.runners import sdf_utils
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
+
+from beam_streams_runner.worker import beam_speedups
+
+
+@pytest.fixture
+def installed():
+    beam_speedups.install()
+    yield
+    beam_speedups.install()  # the workers' state: the runtime installs them at import
+
+
+def test_the_worker_runtime_installs_them():
+    import beam_streams_runner.worker.runtime  # noqa: F401
+    assert window.GlobalWindows.assign is beam_speedups._assign_the_global_window
+
+
+def test_assign_gives_the_global_window_as_beam_does(installed):
+    context = window.WindowFn.AssignContext(Timestamp(5), 'x')
+    fast = window.GlobalWindows().assign(context)
+    beam_speedups.uninstall()
+    beams = window.GlobalWindows().assign(context)
+    assert fast == beams and type(fast) is type(beams) and len(fast) == 1
+    assert fast[0] is beams[0]
+    assert fast[0].max_timestamp() == beams[0].max_timestamp() < MAX_TIMESTAMP
+    assert fast is not window.GlobalWindows().assign(context)  # a list of its own each time
+
+
+class CountingLock:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entered = 0
+
+    def __enter__(self):
+        self.entered += 1
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_the_estimator_wrapper_still_locks_and_reaches_the_estimator(installed):
+    wrapped = sdf_utils.ThreadsafeWatermarkEstimator(ManualWatermarkEstimator(None))
+    wrapped._lock = CountingLock()
+    for second in (1, 2, 3):
+        wrapped.set_watermark(Timestamp(second))
+        assert wrapped.current_watermark() == Timestamp(second)
+    assert wrapped._lock.entered == 6
+    assert 'set_watermark' in vars(wrapped)  # built once
+    with pytest.raises(AttributeError):
+        wrapped.no_such_method  # noqa: B018 - the lookup is what is tested
+    assert 'no_such_method' not in vars(wrapped)
