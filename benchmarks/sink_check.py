@@ -139,9 +139,10 @@ def lines_verdict(got: Sequence[str], expected: Sequence[str]) -> str:
     have, want = collections.Counter(got), collections.Counter(expected)
     if have == want:
         return YES
+    missing, unexpected = want - have, have - want
     return (f'{FAILED}: expected {len(expected)}, got {len(got)} '
-            f'({sum((want - have).values())} missing, {sum((have - want).values())} '
-            'unexpected)')
+            f'({sum(missing.values())} missing, {sum(unexpected.values())} unexpected; '
+            f'first missing {sorted(missing)[:3]}, first unexpected {sorted(unexpected)[:3]})')
 
 
 def is_ok(result: str) -> bool:

@@ -86,7 +86,8 @@ def test_verdict_fails_a_short_a_duplicated_and_an_empty_output():
 def test_lines_verdict_compares_multisets():
     assert sink_check.lines_verdict(['a', 'b'], ['b', 'a']) == 'yes'
     assert sink_check.lines_verdict(['a', 'a'], ['a', 'b']) == (
-        'failed: expected 2, got 2 (1 missing, 1 unexpected)')
+        "failed: expected 2, got 2 (1 missing, 1 unexpected; first missing ['b'], "
+        "first unexpected ['a'])")
     assert sink_check.lines_verdict([], []) == 'failed: expected 0, got 0 (empty output)'
 
 
