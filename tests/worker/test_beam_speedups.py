@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -21,19 +23,27 @@ def installed():
 
 
 def test_the_worker_runtime_installs_them():
-    import beam_streams_runner.worker.runtime  # noqa: F401
-    assert window.GlobalWindows.assign is beam_speedups._assign_the_global_window
+    """In a fresh interpreter, as a Python worker imports the harness: this test process
+    may have installed them already."""
+    probe = ('import beam_streams_runner.worker.runtime\n'
+             'from apache_beam.runners import sdf_utils\n'
+             'from apache_beam.transforms import window\n'
+             'print(window.GlobalWindows.assign.__module__,'
+             ' sdf_utils.ThreadsafeWatermarkEstimator.__getattr__.__module__)')
+    done = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == [beam_speedups.__name__] * 2
 
 
 def test_assign_gives_the_global_window_as_beam_does(installed):
     context = window.WindowFn.AssignContext(Timestamp(5), 'x')
     fast = window.GlobalWindows().assign(context)
+    assert fast is not window.GlobalWindows().assign(context)  # a list of its own each time
     beam_speedups.uninstall()
     beams = window.GlobalWindows().assign(context)
     assert fast == beams and type(fast) is type(beams) and len(fast) == 1
     assert fast[0] is beams[0]
     assert fast[0].max_timestamp() == beams[0].max_timestamp() < MAX_TIMESTAMP
-    assert fast is not window.GlobalWindows().assign(context)  # a list of its own each time
 
 
 class CountingLock:
