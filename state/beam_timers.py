@@ -14,6 +14,20 @@ from apache_beam.coders.coder_impl import create_InputStream
 _TIME_SHIFT = 1 << 63  # Beam's timestamp encoding flips the sign bit
 
 
+def latest_due(watermark: int) -> int:
+    """The latest firing timestamp (micros) of an event-time timer that input watermark
+    `watermark` (micros) makes due.
+
+    Beam keeps a timer's timestamp in milliseconds (its encoding, and `Timer`s set
+    directly, cut the microseconds off), while elements and watermarks keep
+    microseconds. A timer at t ms stands for an instant in [t, t + 1) ms: a window
+    [0, 1) s keeps its end-of-window timer at 0.999 s and may still receive an
+    element at 0.9995 s while the watermark is at 0.999 s. So the timer fires once
+    the watermark passes the whole millisecond (as Beam's Java runners compare,
+    watermarks in milliseconds: t < watermark's milliseconds)."""
+    return watermark // 1000 * 1000 - 1
+
+
 class TimerReader:
     """Reads a stream of timers in Beam's encoding (`TimerCoderImpl`: user key, dynamic
     timer tag, windows, clear bit, then unless cleared the firing and hold timestamps

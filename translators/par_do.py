@@ -32,7 +32,7 @@ from beam_streams_runner.failure_hints import failed_combine_step
 from beam_streams_runner.metrics import MetricCells
 from beam_streams_runner.records import MAX_WATERMARK, Record
 from beam_streams_runner.state.backend import KeyedStateBackend
-from beam_streams_runner.state.beam_timers import TimerReader
+from beam_streams_runner.state.beam_timers import TimerReader, latest_due
 from beam_streams_runner.state.direct_user_state import direct_user_state
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.translators.operator import Bundle, Operator, OperatorServices
@@ -118,8 +118,9 @@ class FusedStageOperator(Operator):
         outputs: list[Record] = []
         state = self._state
         if state is not None:
+            up_to = watermark if watermark >= MAX_WATERMARK else latest_due(watermark)
             while True:
-                due = state.event_timers.pop_due(watermark)
+                due = state.event_timers.pop_due(up_to)
                 if not due and watermark >= MAX_WATERMARK:
                     # The bounded input is exhausted: processing time runs out too.
                     due = state.processing_timers.pop_due(MAX_WATERMARK)

@@ -74,6 +74,27 @@ def test_stateful_dofn_with_timers_across_epochs(same_as_direct_streaming):
         | beam.ParDo(_BufferUntilWindowEnd())))
 
 
+def test_a_timer_in_the_last_millisecond_waits_for_the_watermark_to_pass_it(
+        tmp_path, spark_session):
+    """Beam keeps a timer's timestamp in milliseconds: the end-of-window timer of [0, 1)
+    s is kept at 0.999 s, while elements may carry microseconds up to 0.999999 s. A
+    watermark at 0.999 s allows an element at 0.9995 s of the same window, so the timer
+    must not fire before the watermark passes the millisecond (as Beam's Java runners
+    compare). Firing at a watermark >= 0.999 s counted the key twice: 1, then 1."""
+    events = (test_stream.TestStream()
+              .add_elements([window.TimestampedValue(('k', 1), 0.999)])
+              .advance_watermark_to(0.999)
+              .add_elements([window.TimestampedValue(('k', 1), 0.9995)])
+              .advance_watermark_to_infinity())
+
+    def build(p):
+        return (p | events | beam.WindowInto(window.FixedWindows(1))
+                | beam.ParDo(_BufferUntilWindowEnd()))
+
+    lines = run_streaming(build, StreamsSparkRunner(), str(tmp_path / 'out'), SPARK_ARGS)
+    assert [line.split(' [0.0, 1.0)')[0] for line in lines] == [str(('k', [1, 1]))]
+
+
 def test_bounded_input_with_streaming_flag_terminates(same_as_direct_streaming):
     same_as_direct_streaming(lambda p: (
         p | beam.Create([('a', 1), ('b', 2), ('a', 3)]) | beam.GroupByKey()
