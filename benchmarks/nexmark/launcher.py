@@ -23,6 +23,9 @@ two worker processes (`--direct_num_workers=2 --direct_running_mode=multi_proces
 the row "DirectRunner (2 processes)"), as StreamsSparkRunner gets `local[2]` on two
 cores. `--native spark|flink` adds hand-written PySpark/PyFlink programs (`native`),
 `--with-streaming` adds the runner under test in streaming to a batch run.
+`--input=PATH` makes every batch run (PyFlink's aside) read the events from a JSON-lines
+file, written from the generator first if it does not exist (`event_file`), so the
+read path is timed instead of the in-process generator.
 
 The parent prints a progress line per run and a table at the end, and writes
 `OUT/results.csv`, `OUT/report.md`, `OUT/nexmark.png` (`report`), the sorted outputs
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.early_bids import WINNING_BIDS_QUERIES
+from benchmarks.nexmark.event_file import ensure_events
 from benchmarks.nexmark.native import (
     NATIVE_FLINK,
     NATIVE_QUERIES,
@@ -120,24 +124,29 @@ def plan_runs(args: argparse.Namespace, queries: Sequence[int],
     """Every run the command line asks for, in order."""
     stream_args = (('--streaming',) + ((f'--rate={args.rate}',) if args.rate else ())
                    if args.streaming else ())
+    # Every batch run but PyFlink's reads the same events from the file, when given.
+    read = (f'--input={os.path.abspath(args.input)}',) if args.input else ()
     plan = []
     for q in queries:
         q6 = ('--corrected-q6',) if q == 6 and args.corrected_q6 else ()
-        plan.append(RunSpec(q, 'tested', args.runner, stream_args + tuple(runner_args) + q6))
+        plan.append(RunSpec(q, 'tested', args.runner, stream_args + tuple(runner_args) + q6
+                            + (() if args.streaming else read)))
         ref = reference_for(q, args.compare)
         if ref != args.runner or args.streaming:
-            plan.append(RunSpec(q, 'reference', ref, q6))
+            plan.append(RunSpec(q, 'reference', ref, q6 + read))
         if (args.streaming or args.with_streaming) and q in WINNING_BIDS_QUERIES:
             corrected = q == 6 and (args.corrected_q6 or args.with_streaming)
             plan.append(RunSpec(q, 'without early bids', ref,
-                                ('--corrected-q6',) * corrected + ('--without-early-bids',)))
+                                ('--corrected-q6',) * corrected + ('--without-early-bids',)
+                                + read))
         if (not args.streaming and ref == 'DirectRunner' and args.runner != 'DirectRunner'
                 and not args.no_direct_2p):
-            plan.append(RunSpec(q, DIRECT_2P, 'DirectRunner', q6 + DIRECT_2P_ARGS))
+            plan.append(RunSpec(q, DIRECT_2P, 'DirectRunner', q6 + DIRECT_2P_ARGS + read))
         for name, native in (('spark', NATIVE_SPARK), ('flink', NATIVE_FLINK)):
             if name in args.native and q in NATIVE_QUERIES:
                 master = tuple(a for a in runner_args if a.startswith('--spark_master='))
-                plan.append(RunSpec(q, 'native', native, master if name == 'spark' else ()))
+                plan.append(RunSpec(q, 'native', native,
+                                    master + read if name == 'spark' else ()))
         if args.with_streaming:
             plan.append(RunSpec(q, 'streaming', args.runner,
                                 ('--streaming', *runner_args)
@@ -251,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--corrected-q6', action='store_true',
                         help='run Q6 as query6_corrected (Beam\'s query with its Timestamp '
                              'negation fixed) instead of Beam\'s, which fails everywhere')
+    parser.add_argument('--input', default=None, metavar='PATH',
+                        help='batch runs read the events from this JSON-lines file '
+                             '(written from the generator first if it does not exist) '
+                             'instead of generating them in the pipeline')
     parser.add_argument('--with-streaming', action='store_true',
                         help='in batch: also run --runner with --streaming over the '
                              'unbounded source (as fast as possible), as rows "<runner> '
@@ -279,8 +292,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.with_streaming and args.streaming:
         parser.error('--with-streaming adds streaming rows to a batch run: '
                      'leave out --streaming')
+    if args.input and (args.streaming or args.with_streaming):
+        parser.error('--input is for batch runs: a streaming run reads the unbounded '
+                     'generator source (leave out --streaming and --with-streaming)')
+    if args.input:
+        print(f'events: {args.input}', flush=True)
+        try:
+            ensure_events(config, args.input)
+        except ValueError as e:
+            parser.error(str(e))
     mode = ('streaming, ' + (f'{args.rate:g} events/s' if args.rate else 'as fast as possible')
-            if args.streaming else 'batch')
+            if args.streaming else 'batch' + (', events read from a JSON-lines file'
+                                              if args.input else ''))
     out_dir = os.path.abspath(args.out)
     for sub in ('outputs', 'logs'):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)

@@ -39,17 +39,21 @@ def flink_python() -> str:
 def run_native_spark(query: int, config: NexmarkConfig, args: Sequence[str] = ()) -> RunResult:
     """Run the hand-written PySpark baseline of `query` (`spark_baselines`) in this process.
 
-    `args` may hold `--spark_master=...` (default `local[*]`); others are ignored.
+    `args` may hold `--spark_master=...` (default `local[*]`) and `--input=PATH` (the
+    events' JSON-lines file); others are ignored.
     """
     from benchmarks.nexmark import spark_baselines
     result = RunResult(query, NATIVE_SPARK, config.num_events, ok=False)
-    master = 'local[*]'
+    master, input_path = 'local[*]', None
     for arg in args:
         if arg.startswith('--spark_master='):
             master = arg.split('=', 1)[1]
+        elif arg.startswith('--input='):
+            input_path = arg.split('=', 1)[1]
     try:
         lines = spark_baselines.run_baseline(query, config,
-                                             spark_baselines.spark_session(master))
+                                             spark_baselines.spark_session(master),
+                                             input_path=input_path)
         result.lines, result.output_count, result.ok = lines, len(lines), True
     except Exception as e:  # noqa: BLE001 - any failure of the baseline is a result
         result.error = f'{type(e).__name__}: {first_line(str(e))}'

@@ -65,7 +65,8 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
               args: Sequence[str] = (), work_dir: str | None = None,
               streaming: bool = False, rate: float | None = None,
               corrected_q6: bool = False, without_early_bids: bool = False,
-              tap: Callable[[Any], Any] | None = None) -> RunResult:
+              tap: Callable[[Any], Any] | None = None,
+              input_path: str | None = None) -> RunResult:
     """Run Beam's query `query` on `runner` in this process; capture its sorted output.
 
     `streaming`: read the unbounded source (at `rate` events/s, None = as fast as
@@ -73,8 +74,10 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
     `query6_corrected` (Beam's query fails on every runner). `without_early_bids`: the
     events lose the bids whose window ends before their auction is created
     (`early_bids`). `tap`, if given, is applied to the query's output PCollection too
-    (e.g. a latency sink). Failures (e.g. Beam's Q6 negating a Timestamp, a runner that
-    cannot stream) are caught and reported in the result.
+    (e.g. a latency sink). `input_path`: a batch run reads the events from that
+    JSON-lines file (`event_file`) instead of generating them. Failures (e.g. Beam's Q6
+    negating a Timestamp, a runner that cannot stream) are caught and reported in the
+    result.
     """
     runner_name = runner if isinstance(runner, str) else type(runner).__name__
     result = RunResult(query, runner_name, config.num_events, ok=False)
@@ -84,7 +87,7 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
     prefix = os.path.join(work_dir, 'part')
     try:
         _run_pipeline(query, runner, config, args, prefix, streaming, rate, corrected_q6,
-                      without_early_bids, tap)
+                      without_early_bids, tap, input_path)
         lines: list[str] = []
         for path in sorted(glob.glob(prefix + '*')):
             with open(path, encoding='utf-8') as f:
@@ -102,7 +105,8 @@ def run_query(query: int, runner: Any, config: NexmarkConfig,
 
 def _run_pipeline(query: int, runner: Any, config: NexmarkConfig, args: Sequence[str],
                   prefix: str, streaming: bool, rate: float | None, corrected_q6: bool,
-                  without_early_bids: bool, tap: Callable[[Any], Any] | None) -> None:
+                  without_early_bids: bool, tap: Callable[[Any], Any] | None,
+                  input_path: str | None = None) -> None:
     """Build and run the pipeline of `run_query`, writing its lines to `prefix*`."""
     import apache_beam as beam
     from apache_beam.io import WriteToText
@@ -111,6 +115,7 @@ def _run_pipeline(query: int, runner: Any, config: NexmarkConfig, args: Sequence
     from apache_beam.transforms.window import GlobalWindows
 
     from benchmarks.nexmark.early_bids import ExcludeEarlyBids
+    from benchmarks.nexmark.event_file import ReadNexmarkEventsFromFile
     from benchmarks.nexmark.sources import ReadNexmarkEvents, ReadUnboundedNexmarkEvents
 
     nexmark_util.setup_coder()
@@ -122,6 +127,8 @@ def _run_pipeline(query: int, runner: Any, config: NexmarkConfig, args: Sequence
     with beam.Pipeline(runner=runner, options=options) as p:
         if streaming:
             events = p | 'Events' >> ReadUnboundedNexmarkEvents(config, rate)
+        elif input_path is not None:
+            events = p | 'Events' >> ReadNexmarkEventsFromFile(input_path)
         else:
             events = p | 'Events' >> ReadNexmarkEvents(config)
         if without_early_bids:
@@ -152,17 +159,20 @@ def run_one(argv: Sequence[str]) -> int:
     parser.add_argument('--rate', type=float, default=None)
     parser.add_argument('--corrected-q6', action='store_true')
     parser.add_argument('--without-early-bids', action='store_true')
+    parser.add_argument('--input', default=None, help="the events' JSON-lines file")
     known, rest = parser.parse_known_args(argv)
     config, rest = NexmarkConfig.from_args(rest)
     try:
         if known.runner == NATIVE_SPARK:
-            result = run_native_spark(known.query, config, rest)
+            inputs = [f'--input={known.input}'] if known.input else []
+            result = run_native_spark(known.query, config, [*rest, *inputs])
         else:
             runner = make_runner(known.runner)
             result = run_query(known.query, runner, config, rest,
                                streaming=known.streaming, rate=known.rate,
                                corrected_q6=known.corrected_q6,
-                               without_early_bids=known.without_early_bids)
+                               without_early_bids=known.without_early_bids,
+                               input_path=known.input)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         result = RunResult(known.query, known.runner, config.num_events, ok=False,

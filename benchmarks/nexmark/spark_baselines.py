@@ -3,8 +3,10 @@
 The "how much does Beam-on-Spark cost over Spark itself" figure: hand-written PySpark
 programs computing what Beam's Python queries
 (`apache_beam.testing.benchmarks.nexmark.queries.queryN`) compute, over the same
-generated events. The events are generated inside Spark tasks, by position ranges
-(`sc.parallelize(ranges, n).flatMap(lambda r: events(config, *r))`), never on the driver.
+events. The events are generated inside Spark tasks, by position ranges
+(`sc.parallelize(ranges, n).flatMap(lambda r: events(config, *r))`), never on the driver,
+or read from the launcher's `--input` file (`sc.textFile`, each line parsed as Beam's
+launcher parses it, `event_file`).
 
 Each program returns its output as the launcher's canonical lines
 (`capture.output_line(element, window, timestamp)`), the lines the launcher writes for
@@ -63,6 +65,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
+from benchmarks.nexmark.event_file import parse_line
 from benchmarks.nexmark.generator import TimestampedEvent, events
 
 BASELINE_QUERIES = (0, 1, 2, 3, 5, 7)
@@ -101,9 +104,13 @@ def position_ranges(config: NexmarkConfig, num_slices: int) -> list[tuple[int, i
     return [(a, b) for a, b in itertools.pairwise(bounds) if a < b]
 
 
-def event_rdd(sc: Any, config: NexmarkConfig, num_slices: int | None = None) -> Any:
-    """An RDD of `TimestampedEvent`s, generated in the tasks by position ranges."""
+def event_rdd(sc: Any, config: NexmarkConfig, num_slices: int | None = None,
+              input_path: str | None = None) -> Any:
+    """An RDD of `TimestampedEvent`s, generated in the tasks by position ranges, or of
+    the events of the JSON-lines file `input_path` (`event_file`)."""
     slices = num_slices or max(2, 4 * sc.defaultParallelism)
+    if input_path is not None:
+        return sc.textFile(input_path, slices).map(parse_line)
     ranges = position_ranges(config, slices)
     return sc.parallelize(ranges, len(ranges)).flatMap(lambda r: events(config, r[0], r[1]))
 
@@ -219,13 +226,16 @@ QUERIES: dict[int, Callable[[Any, NexmarkConfig], Any]] = {
 
 
 def run_baseline(query: int, config: NexmarkConfig, spark: Any,
-                 num_slices: int | None = None) -> list[str]:
-    """Run the native baseline of `query` on `spark` (SparkSession or SparkContext);
-    its output as sorted canonical lines."""
+                 num_slices: int | None = None, input_path: str | None = None
+                 ) -> list[str]:
+    """Run the native baseline of `query` on `spark` (SparkSession or SparkContext) over
+    the generated events or those of the file `input_path`; its output as sorted
+    canonical lines."""
     if query not in QUERIES:
         raise ValueError(f'no native Spark baseline for Q{query} (have {BASELINE_QUERIES})')
     sc = getattr(spark, 'sparkContext', spark)
-    return sorted(QUERIES[query](event_rdd(sc, config, num_slices), config).collect())
+    return sorted(QUERIES[query](event_rdd(sc, config, num_slices, input_path),
+                                 config).collect())
 
 
 def spark_session(master: str = 'local[*]') -> Any:
