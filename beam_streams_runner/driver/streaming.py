@@ -12,13 +12,14 @@ bundles of at most `bundle_size` elements or `bundle_time_ms`, see
 back as a residual. Stateful operators live in their partitions across epochs
 (`worker.partition_cache`).
 
-Adaptive epochs: an epoch costs a fixed part (scheduling, shuffles, state) on
-top of its reading. The driver measures that part after every epoch and gives
-the next one the read budget `target_latency_ms` minus it (at least a quarter
-of the goal), so an element waits about one epoch: its reading, then the rest
-of the job. A source with no backlog hands its restriction back early (see
+Adaptive epochs (`read_budget`): an epoch costs a fixed part (scheduling, shuffles,
+state) on top of its reading. The driver measures that part after every epoch and
+gives the next one the read budget `target_latency_ms` minus it (at least a quarter
+of the goal), so an element waits about one epoch: its reading, then the rest of the
+job. A source with no backlog hands its restriction back early (see
 `read.ReadInEpochs.read_on`), so under a light load epochs get short and latency low;
-under a heavy load they get as long as the goal allows and throughput high.
+under a backlog (the goal lost already) they grow, up to a few times the goal, so
+the fixed part is paid less often and the backlog ends sooner.
 
 A stage whose inputs all come from finished stages and whose partitions all
 reported the output watermark +inf with nothing left (no residual, no timer)
@@ -69,6 +70,7 @@ from beam_streams_runner.driver.lineage import (
 from beam_streams_runner.driver.partition_revisions import PartitionRevisions
 from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StagePlan
 from beam_streams_runner.driver.progress import Endpoints, EpochProgress, summary
+from beam_streams_runner.driver.read_budget import ReadBudget
 from beam_streams_runner.driver.side_input_buffers import SideInputBuffers
 from beam_streams_runner.driver.source_positions import SourcePositions
 from beam_streams_runner.driver.source_splits import SourceSplitter
@@ -94,8 +96,6 @@ from beam_streams_runner.worker.warnings_relay import WarningsAccumulator, reiss
 
 _LOGGER = logging.getLogger(__name__)
 _IDLE_WAIT_S = 1.0  # longest sleep when nothing is due, so cancel() stays prompt
-_MIN_READ_SHARE = 0.25  # the read budget never falls below this share of the latency goal
-_OVERHEAD_SMOOTHING = 0.5  # weight of the newest epoch in the measured fixed cost
 
 
 @dataclasses.dataclass
@@ -127,8 +127,7 @@ class StreamingDriver:
         self.bundle_time_ms = bundle_time_ms
         self.target_latency_ms = target_latency_ms
         self.keyed_state_gc = keyed_state_gc
-        self.read_budget_ms = max(1, int(target_latency_ms * _MIN_READ_SHARE))
-        self._epoch_overhead_s: float | None = None
+        self._read_budget = ReadBudget(target_latency_ms)
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self.reports = sc.accumulator({}, ReportsAccumulator())
@@ -150,6 +149,11 @@ class StreamingDriver:
         self._draining = threading.Event()
         self._watch = EpochWatch.of_run(self._jobs, self.checkpointing)
         self._drained = False  # the run stopped for a drain
+
+    @property
+    def read_budget_ms(self) -> int:
+        """How long the next epoch's source tasks read (`read_budget`)."""
+        return self._read_budget.ms
 
     def cancel(self) -> None:
         self._jobs.cancel()
@@ -300,7 +304,10 @@ class StreamingDriver:
         wall_s = time.monotonic() - started
         self._on_progress(summary(self.progress.add(
             epoch, started_at, wall_s, reports, self.read_budget_ms)))
-        self._adapt_read_budget(wall_s, reports)
+        self._read_budget.after_epoch(
+            wall_s, max((r.read_s for r in reports.values()), default=0.0),
+            behind=any(r.resume_delay_s <= 0 for report in reports.values()
+                       for r in report.residuals))
         self._set_gauges(reports)
         self._find_finished_stages(reports)
         self.revisions.advance((partition, r.revision) for partition, r in reports.items())
@@ -320,18 +327,6 @@ class StreamingDriver:
                 mine = [r for (name, _), r in reports.items() if name == stage.name]
                 self._splitter.observe(stage, [x for r in mine for x in r.residuals],
                                        sum(r.read_s for r in mine))
-
-    def _adapt_read_budget(self, wall_s: float,
-                           reports: dict[tuple[str, int], PartitionReport]) -> None:
-        """The next epoch reads for the latency goal minus this run's fixed epoch cost."""
-        overhead = max(0.0, wall_s - max((r.read_s for r in reports.values()), default=0.0))
-        if self._epoch_overhead_s is None:
-            self._epoch_overhead_s = overhead
-        else:
-            self._epoch_overhead_s += _OVERHEAD_SMOOTHING * (overhead - self._epoch_overhead_s)
-        goal = self.target_latency_ms
-        self.read_budget_ms = int(min(goal, max(goal * _MIN_READ_SHARE,
-                                                goal - 1000 * self._epoch_overhead_s)))
 
     def _find_finished_stages(self, reports: dict[tuple[str, int], PartitionReport]) -> None:
         """Adds the stages that can never output again to `_finished_stages`."""
