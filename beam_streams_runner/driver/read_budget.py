@@ -13,8 +13,10 @@ the time on their fixed part, which only makes the backlog last longer. So while
 sources stay behind, epochs grow until one lasts `BACKLOG_FACTOR` times the goal:
 the budget scales by that length over the last epoch's, at most doubling per epoch (the
 rest of an epoch grows with what it read: the stages after the read process it). Spark's
-micro-batches likewise take what is available. Once a source waits for data again (its
-restrictions come back with a resume delay), epochs return to the goal.
+micro-batches likewise take what is available. With consistent regions on, an epoch
+grows to the checkpoint period at most: a cut is taken between epochs, so a longer
+epoch would space the cuts wider than the user asked. Once a source waits for data
+again (its restrictions come back with a resume delay), epochs return to the goal.
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ BACKLOG_FACTOR = 4  # under a backlog an epoch lasts about this many times the g
 class ReadBudget:
     """The read budget of the next epoch (`ms`), from the last epochs' costs."""
 
-    def __init__(self, target_latency_ms: int) -> None:
+    def __init__(self, target_latency_ms: int, checkpoint_period_s: float = 0.0) -> None:
         self.goal_ms = target_latency_ms
         self.ms = max(1, int(target_latency_ms * MIN_READ_SHARE))
         self._overhead_s: float | None = None
+        # How long an epoch under a backlog may last (`checkpoint_period_s` 0: no cuts).
+        self.longest_ms = target_latency_ms * BACKLOG_FACTOR
+        if checkpoint_period_s > 0:
+            self.longest_ms = min(self.longest_ms, 1000 * checkpoint_period_s)
 
     def after_epoch(self, wall_s: float, read_s: float, behind: bool) -> int:
         """The next epoch's budget, after an epoch of `wall_s` whose longest source task
@@ -45,7 +51,7 @@ class ReadBudget:
         for_goal = max(1, round(min(goal, max(goal * MIN_READ_SHARE,
                                                goal - 1000 * self._overhead_s))))
         if behind:
-            longest_ms = goal * BACKLOG_FACTOR
+            longest_ms = self.longest_ms
             scaled = self.ms * longest_ms / max(1000 * wall_s, 1.0)
             self.ms = max(for_goal, round(min(2 * self.ms, scaled, longest_ms)))
         else:

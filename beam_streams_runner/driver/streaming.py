@@ -127,7 +127,8 @@ class StreamingDriver:
         self.bundle_time_ms = bundle_time_ms
         self.target_latency_ms = target_latency_ms
         self.keyed_state_gc = keyed_state_gc
-        self._read_budget = ReadBudget(target_latency_ms)
+        self._read_budget = ReadBudget(
+            target_latency_ms, checkpoint.period_s if checkpoint is not None else 0.0)
         self.metrics = sc.accumulator(MetricTotals(), MetricTotalsAccumulator())
         self.warnings = sc.accumulator([], WarningsAccumulator())
         self.reports = sc.accumulator({}, ReportsAccumulator())
