@@ -45,4 +45,5 @@ def test_with_consistent_regions_an_epoch_grows_to_the_checkpoint_period_at_most
     assert ReadBudget(300, checkpoint_period_s=10).longest_ms == 1200
     grown = [budget.after_epoch(0.2 + 2 * budget.ms / 1000, budget.ms / 1000, behind=True)
              for _ in range(8)]
-    assert grown == [107, 129, 141, 146, 148, 149, 150, 150]  # epochs of 0.5 s: 0.2 s fixed, 0.3 s for what 150 ms read
+    # Epochs settle at 0.5 s: 0.2 s fixed, 0.3 s for what 150 ms of reading brought.
+    assert grown == [107, 129, 141, 146, 148, 149, 150, 150]
