@@ -11,6 +11,8 @@ from __future__ import annotations
 from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
 
+from beam_streams_runner.records import MAX_WATERMARK
+
 _TIME_SHIFT = 1 << 63  # Beam's timestamp encoding flips the sign bit
 
 
@@ -24,7 +26,10 @@ def latest_due(watermark: int) -> int:
     [0, 1) s keeps its end-of-window timer at 0.999 s and may still receive an
     element at 0.9995 s while the watermark is at 0.999 s. So the timer fires once
     the watermark passes the whole millisecond (as Beam's Java runners compare,
-    watermarks in milliseconds: t < watermark's milliseconds)."""
+    watermarks in milliseconds: t < watermark's milliseconds). At the end of the input
+    (+inf) every timer is due."""
+    if watermark >= MAX_WATERMARK:
+        return watermark
     return watermark // 1000 * 1000 - 1
 
 

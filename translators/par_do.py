@@ -118,7 +118,7 @@ class FusedStageOperator(Operator):
         outputs: list[Record] = []
         state = self._state
         if state is not None:
-            up_to = watermark if watermark >= MAX_WATERMARK else latest_due(watermark)
+            up_to = latest_due(watermark)
             while True:
                 due = state.event_timers.pop_due(up_to)
                 if not due and watermark >= MAX_WATERMARK:
