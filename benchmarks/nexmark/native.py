@@ -36,20 +36,19 @@ def flink_python() -> str:
     return os.path.join(venv, 'bin', 'python')
 
 
-def run_native_spark(query: int, config: NexmarkConfig, args: Sequence[str] = ()) -> RunResult:
+def run_native_spark(query: int, config: NexmarkConfig, args: Sequence[str] = (),
+                     input_path: str | None = None) -> RunResult:
     """Run the hand-written PySpark baseline of `query` (`spark_baselines`) in this process.
 
-    `args` may hold `--spark_master=...` (default `local[*]`) and `--input=PATH` (the
-    events' JSON-lines file); others are ignored.
+    `args` may hold `--spark_master=...` (default `local[*]`); others are ignored.
+    `input_path`: the events' JSON-lines file (None: the generated events).
     """
     from benchmarks.nexmark import spark_baselines
     result = RunResult(query, NATIVE_SPARK, config.num_events, ok=False)
-    master, input_path = 'local[*]', None
+    master = 'local[*]'
     for arg in args:
         if arg.startswith('--spark_master='):
             master = arg.split('=', 1)[1]
-        elif arg.startswith('--input='):
-            input_path = arg.split('=', 1)[1]
     try:
         lines = spark_baselines.run_baseline(query, config,
                                              spark_baselines.spark_session(master),

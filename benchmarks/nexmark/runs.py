@@ -164,8 +164,7 @@ def run_one(argv: Sequence[str]) -> int:
     config, rest = NexmarkConfig.from_args(rest)
     try:
         if known.runner == NATIVE_SPARK:
-            inputs = [f'--input={known.input}'] if known.input else []
-            result = run_native_spark(known.query, config, [*rest, *inputs])
+            result = run_native_spark(known.query, config, rest, input_path=known.input)
         else:
             runner = make_runner(known.runner)
             result = run_query(known.query, runner, config, rest,
