@@ -124,6 +124,11 @@ class TimerQueue:
     def has_timers_for_key(self, key: Hashable) -> bool:
         return key in self._ids_by_key
 
+    def fire_timestamp(self, timer_id: Hashable) -> int | None:
+        """When the pending timer `timer_id` fires, or None if it is not pending."""
+        entry = self._by_id.get(timer_id)
+        return None if entry is None else entry[0]
+
     def next_timestamp(self) -> int | None:
         """Firing timestamp of the earliest pending timer, or None."""
         return self._by_time[0][0] if self._by_time else None

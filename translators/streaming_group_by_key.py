@@ -1,184 +1,81 @@
-"""GroupByKey across epochs: Beam's trigger driver per key, over the keyed-state backend.
+"""GroupByKey across epochs: a key's panes over the keyed-state backend.
 
-Design section 7. Each key holds Beam's `InMemoryUnmergedState` (panes, trigger
-state, watermark holds, timers) driven by `trigger.create_trigger_driver` in
-streaming mode, so every trigger, accumulation mode, merging WindowFn and
-allowed lateness behaves as in Beam. The trigger state lives in the partition's
-`KeyedStateBackend` (namespace `TRIGGER`, encoded by `TriggerStateCodec`);
-after every change the key is re-filed there (`_reindex`): one timer per key and
-time domain at its earliest trigger timer, its earliest watermark hold as the
-key's hold, and its windows in the expiry index. So a watermark or clock advance
-touches only the keys that are due, the output hold is the backend's earliest
-hold, and expired keys are found by a range scan. A restored backend indexes
-every key from its header and decodes a key's trigger state when an epoch
-first touches it: PySpark gives a partition no affinity to a Python worker, so
-most epochs restore (NEXMark Q5 streaming at 300k events: 47 of 64 GroupByKey
-loads, 0.7-0.9 s each when every key was decoded).
-
-For a non-merging WindowFn the trigger driver keeps its state per window
-(Beam's driver always goes through `MergeableStateAdapter`, whose window-id
-bookkeeping cost 60% of its time per element), and a window's state goes as
-soon as the watermark passes its end plus the allowed lateness, so a key that
-lives for ever (a global combine, a few hot keys) holds only its live windows.
+Design section 7. The reduce side of a streaming GroupByKey groups a bundle's
+values per key and hands them to the key's panes, kept in the partition's
+`KeyedStateBackend` (encoded by `TriggerStateCodec`): `WindowEndPanes` for
+Beam's default trigger over a non-merging WindowFn (most windowed
+aggregations), Beam's own trigger driver (`BeamTriggerPanes`) for every other
+trigger, merging WindowFn and allowed lateness. After every change the key is
+re-filed in the backend (`_reindex`): one timer per key and time domain at its
+earliest timer, its earliest watermark hold as the key's hold, and its windows
+in the expiry index. So a watermark or clock advance touches only the keys that
+are due, the output hold is the backend's earliest hold, and expired keys are
+found by a range scan. A restored backend indexes every key from its header and
+decodes a key's state when an epoch first touches it: PySpark gives a
+partition no affinity to a Python worker, so most epochs restore (NEXMark Q5
+streaming at 300k events: 47 of 64 GroupByKey loads, 0.7-0.9 s each when every
+key was decoded).
 """
 
 from __future__ import annotations
 
-import pickle
-import types
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-from apache_beam.internal.cloudpickle import cloudpickle
-from apache_beam.transforms import trigger
-from apache_beam.transforms.timeutil import DependsOnlyOnWindow, TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner.records import MAX_WATERMARK, ChunkBuilder, Record
 from beam_streams_runner.state.backend import KeyedStateBackend
+from beam_streams_runner.translators import window_end_panes
+from beam_streams_runner.translators.beam_trigger_panes import (
+    TRIGGER_STATE_CODEC,
+    BeamTriggerPanes,
+)
 from beam_streams_runner.translators.group_by_key import GroupingCoders
 from beam_streams_runner.translators.operator import Bundle, Operator
 
-TRIGGER = 'trigger'  # the namespace of a key's (user key, trigger state)
-# The tag of a window's watermark holds: the name Beam's
-# `InMemoryUnmergedState.get_earliest_hold` reads (it assumes it, as does Beam's
-# `GeneralTriggerDriver.WATERMARK_HOLD`).
-_HOLD_TAG = 'watermark'
+__all__ = ['TRIGGER_STATE_CODEC', 'KeyPanes', 'StreamingGroupByKeyOperator', 'key_panes']
 
 
-class _MergingState(trigger.MergeableStateAdapter):
-    """Beam's `MergeableStateAdapter`, without two costs that grow with a merged
-    window's history (NEXMark Q4 streaming: 12% of the Python workers' samples).
+class KeyPanes(Protocol):
+    """A key's panes: what the operator asks of the state it keeps per key."""
 
-    Beam's `without_extraction` builds a new CombineFn class on every read and write of
-    a pane's index or tombstone; the tag it gives is the same each time, so it is made
-    once per tag. And the default trigger clears a merge result's timer once per merged
-    window, for each of the result's window ids (a long-lived auction window has one per
-    bid merged into it); only the ids that hold a timer can have one to clear."""
+    namespace: str  # the key's state in the backend: (namespace, (user key, state))
 
-    def clear_timer(self, window, name, time_domain, dynamic_timer_tag='') -> None:
-        timers = self.raw_state.timers
-        for window_id in self._get_ids(window):
-            if window_id in timers:
-                self.raw_state.clear_timer(window_id, name, time_domain, dynamic_timer_tag)
+    def new_state(self) -> Any: ...
 
-    def add_state(self, window, tag, value) -> None:
-        if isinstance(tag, trigger._CombiningValueStateTag):
-            self.raw_state.add_state(self._get_id(window), _without_extraction(tag), value)
-        else:
-            super().add_state(window, tag, value)
+    def process_elements(self, state: Any, values: list,
+                         watermark: Timestamp) -> Iterator[WindowedValue]:
+        """Adds a bundle's values of the key (windowed, each value encoded); yields
+        the panes that fire at once."""
 
-    def get_state(self, window, tag):
-        if not isinstance(tag, trigger._CombiningValueStateTag):
-            return super().get_state(window, tag)
-        plain = _without_extraction(tag)
-        accumulators = [self.raw_state.get_state(window_id, plain)
-                        for window_id in self._get_ids(window)]
-        return tag.combine_fn.extract_output(tag.combine_fn.merge_accumulators(accumulators))
+    def fire(self, state: Any, watermark: Timestamp, now: Timestamp) -> Iterator[WindowedValue]:
+        """Yields the panes of the key's timers due at `watermark` and `now`."""
+
+    def index(self, state: Any) -> tuple[int | None, int | None, int | None, list[int]]:
+        """The key's earliest event-time timer, processing-time timer and watermark
+        hold (micros, None: none), and its windows' max timestamps."""
+
+    def expire_windows(self, state: Any, before: int) -> bool:
+        """Drops the windows ending before `before` that wait for no timer; whether
+        any went."""
 
 
-# (name, CombineFn) of a combining tag -> its `without_extraction()`, made once. Keyed
-# by name and CombineFn, not by the tag: a composite trigger's prefixed tags are new
-# objects on every access, over the class-level CombineFns of Beam's triggers.
-_PLAIN_TAGS: dict = {}
-
-
-def _without_extraction(tag):
-    key = (tag.tag, tag.combine_fn)
-    plain = _PLAIN_TAGS.get(key)
-    if plain is None:
-        plain = _PLAIN_TAGS[key] = tag.without_extraction()
-    return plain
-
-
-def _with_merging_state(method):
-    """Beam's driver `method`, its `MergeableStateAdapter` being `_MergingState` (the
-    name is a global of Beam's module; should Beam stop looking it up there, the copy
-    runs Beam's adapter: slower, the same results)."""
-    names = dict(method.__globals__, MergeableStateAdapter=_MergingState)
-    return types.FunctionType(method.__code__, names, method.__name__, method.__defaults__,
-                              method.__closure__)
-
-
-class _StreamingTriggerDriver(trigger.GeneralTriggerDriver):
-    """What `trigger.create_trigger_driver` gives in streaming, with one Beam bug fixed
-    and merging windows' state kept by `_MergingState`.
-
-    Beam 2.77's `process_elements` clears the watermark hold of a merged-away window
-    after `MergeableStateAdapter.merge` has moved that window's state ids to the merge
-    result, so the clear does nothing: a hold set by an earlier bundle stays in the
-    result. With a timestamp combiner that depends only on the window (END_OF_WINDOW,
-    the default; holds combined by max), a window merged into a result that ends
-    before it (NEXMark's `AuctionOrBidWindowFn`: bid windows into their auction's)
-    then gives the pane a timestamp past the end of its own window. Such a combiner's
-    output time is the merged window's end, whatever the holds say.
-    """
-
-    process_elements = _with_merging_state(trigger.GeneralTriggerDriver.process_elements)
-    process_timer = _with_merging_state(trigger.GeneralTriggerDriver.process_timer)
-
-    def _output(self, window, finished, state, output_watermark, maybe_ontime):
-        pane = super()._output(window, finished, state, output_watermark, maybe_ontime)
-        if isinstance(self.timestamp_combiner_impl, DependsOnlyOnWindow):
-            end = self.timestamp_combiner_impl.assign_output_time(window, None)
-            if pane.timestamp != end:
-                pane = WindowedValue(pane.value, end, pane.windows, pane.pane_info)
-        return pane
-
-
-class BackendClock:
-    """Processing time as the partition's backend holds it (Beam's clock API)."""
-
-    def __init__(self, state: KeyedStateBackend) -> None:
-        self._state = state
-
-    def time(self) -> Timestamp:
-        return Timestamp(micros=self._state.processing_time)
-
-
-class TriggerStateCodec:
-    """A key's values, `[(TRIGGER, (user key, InMemoryUnmergedState))]`, as bytes.
-
-    Beam's `InMemoryUnmergedState` holds defaultdicts of a lambda: it is written as
-    plain lists in its own order (firing order follows it). A user type that only
-    cloudpickle can carry (e.g. defined in the main module) goes through it."""
-
-    def encode(self, values: list) -> bytes:
-        plain = [(namespace, _plain(key, state)) for namespace, (key, state) in values]
-        try:
-            return pickle.dumps(plain, pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            return cloudpickle.dumps(plain, pickle.HIGHEST_PROTOCOL)
-
-    def decode(self, data) -> list:
-        return [(namespace, _unplain(*plain)) for namespace, plain in pickle.loads(data)]
-
-
-def _plain(key, state: trigger.InMemoryUnmergedState) -> tuple:
-    return (key,
-            [(window, list(timers.items())) for window, timers in state.timers.items()],
-            [(window, list(tagged.items())) for window, tagged in state.state.items()],
-            state.global_state, state.defensive_copy)
-
-
-def _unplain(key, timers, tagged_states, global_state, defensive_copy) -> tuple:
-    state = trigger.InMemoryUnmergedState(defensive_copy=defensive_copy)
-    for window, window_timers in timers:
-        state.timers[window] = dict(window_timers)
-    for window, tagged in tagged_states:
-        state.state[window].update(tagged)
-    state.global_state = global_state
-    return key, state
-
-
-TRIGGER_STATE_CODEC = TriggerStateCodec()
+def key_panes(windowing, state: KeyedStateBackend) -> KeyPanes:
+    """The panes `windowing` needs: `WindowEndPanes` where it applies, else Beam's."""
+    if window_end_panes.applies_to(windowing):
+        return window_end_panes.WindowEndPanes(windowing)
+    return BeamTriggerPanes(windowing, state)
 
 
 class StreamingGroupByKeyOperator(Operator):
-    """Reduce side of GroupByKey in streaming: Beam's trigger driver per key, with its
-    state in the partition's keyed-state backend (see the module docstring)."""
+    """Reduce side of GroupByKey in streaming: a key's panes per key, with their state
+    in the partition's keyed-state backend (see the module docstring)."""
 
     def __init__(self, coders: GroupingCoders, windowing, output_id: str, bundle_size: int,
-                 state: KeyedStateBackend, keyed_state_gc: bool = True) -> None:
+                 state: KeyedStateBackend, keyed_state_gc: bool = True,
+                 panes: KeyPanes | None = None) -> None:
         self._coders = coders
         self._output_id = output_id
         self._bundle_size = bundle_size
@@ -186,9 +83,8 @@ class StreamingGroupByKeyOperator(Operator):
         # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
         self._keyed_state_gc = keyed_state_gc
         self._lateness = windowing.allowed_lateness.micros
-        self._driver = _StreamingTriggerDriver(windowing, BackendClock(state))
-        self._merging = windowing.windowfn.is_merging()
-        self._driver.is_merging = self._merging
+        self._panes = key_panes(windowing, state) if panes is None else panes
+        self._namespace = self._panes.namespace
 
     def sizes(self) -> dict[str, int]:
         state = self._state
@@ -196,12 +92,14 @@ class StreamingGroupByKeyOperator(Operator):
 
     # The operator contract ---------------------------------------------------------
     def process_bundle(self, bundle: Bundle) -> list[Record]:
-        # Values wait in the trigger state encoded: a key's state is decoded and
+        # Values wait in the key's state encoded: a key's state is decoded and
         # encoded again each epoch that touches it, and bytes pickle at C speed
         # where user objects do not (NEXMark Q4 streaming: unpickling the bids
         # waiting per auction was 21% of all Python worker time).
         by_key: dict[bytes, list] = {}
         state = self._state
+        panes = self._panes
+        namespace = self._namespace
         encode_key = self._coders.key.encode_nested
         encode_value = self._coders.value.encode
         for _, chunk in bundle:
@@ -212,18 +110,14 @@ class StreamingGroupByKeyOperator(Operator):
                 if values is None:
                     values = by_key[encoded] = []
                     if encoded not in state:
-                        state.put(encoded, TRIGGER, (key, trigger.InMemoryUnmergedState()))
+                        state.put(encoded, namespace, (key, panes.new_state()))
                 values.append(windowed.with_value(encode_value(value)))
-        # The input watermark stands for the output watermark too, as in Beam's own
-        # trigger transcripts: a hold of this operator must not make an element
-        # that is late for the input look early (transcript `early_late_sessions`).
-        input_watermark = Timestamp(micros=state.watermark)
+        watermark = Timestamp(micros=state.watermark)
         out = self._output()
         for encoded, values in by_key.items():
-            key, trigger_state = state.get(encoded, TRIGGER)
-            out.extend(key, self._driver.process_elements(
-                trigger_state, values, input_watermark, input_watermark))
-            self._reindex(encoded)
+            key, key_state = self._key_state(encoded)
+            out.extend(key, panes.process_elements(key_state, values, watermark))
+            self._reindex(encoded, key_state)
         return out.records()
 
     def advance(self, watermark: int, processing_time: int | None = None) -> list[Record]:
@@ -270,13 +164,9 @@ class StreamingGroupByKeyOperator(Operator):
             now = Timestamp(micros=state.processing_time)
             for timer in due:
                 encoded = timer.timer_id[0]
-                key, trigger_state = state.get(encoded, TRIGGER)
-                fired, _ = trigger_state.get_timers(
-                    clear=True, watermark=watermark, processing_time=now)
-                for window_id, (name, domain, timestamp, _) in fired:
-                    out.extend(key, self._driver.process_timer(
-                        window_id, name, domain, timestamp, trigger_state, watermark))
-                self._reindex(encoded)
+                key, key_state = self._key_state(encoded)
+                out.extend(key, self._panes.fire(key_state, watermark, now))
+                self._reindex(encoded, key_state)
 
     def _expire(self, watermark: int) -> None:
         if not self._keyed_state_gc:
@@ -285,70 +175,51 @@ class StreamingGroupByKeyOperator(Operator):
         for encoded in state.expiry.candidates(watermark - self._lateness):
             latest = state.expiry.latest_window(encoded)
             if latest is None or latest + self._lateness >= watermark:
-                if not self._merging:
-                    self._expire_windows(encoded, watermark)
+                # Drops the windows of a live key that no element can reach any
+                # more (past their end plus the allowed lateness, as Beam's driver
+                # drops late elements) and that wait for no timer.
+                _, key_state = self._key_state(encoded)
+                if self._panes.expire_windows(key_state, watermark - self._lateness):
+                    self._reindex(encoded, key_state)
                 continue
             if not state.has_timers(encoded):  # else a timer is still to fire
                 state.delete_key(encoded)
 
-    def _expire_windows(self, encoded: bytes, watermark: int) -> None:
-        """Drops the windows of a live key that no element can reach any more (past
-        their end plus the allowed lateness, as Beam's driver drops late elements)
-        and that wait for no timer."""
-        _, trigger_state = self._state.get(encoded, TRIGGER)
-        expired = [window for window in trigger_state.state
-                   if window.end.micros + self._lateness < watermark
-                   and window not in trigger_state.timers]
-        if expired:
-            for window in expired:
-                del trigger_state.state[window]
-            self._reindex(encoded)
+    def _key_state(self, encoded: bytes) -> tuple:
+        entry = self._state.get(encoded, self._namespace)
+        if entry is None:
+            raise RuntimeError(
+                f'The GroupByKey state of key {encoded!r} is not in the form this runner '
+                f'keeps it ({self._namespace!r}; it holds {self._state.namespaces(encoded)}): '
+                'the checkpoint was written by another version of the runner. Resume it '
+                'with that version, or start over with --restart_from_scratch.')
+        return entry
 
-    def _reindex(self, encoded: bytes) -> None:
-        """Re-files `encoded` in the backend after its trigger state changed: its
-        earliest timer per time domain, its earliest hold and its windows."""
+    def _reindex(self, encoded: bytes, key_state) -> None:
+        """Re-files `encoded` in the backend after its state changed: its earliest
+        timer per time domain, its earliest hold and its windows."""
         state = self._state
         state.mark_changed(encoded)
-        _, trigger_state = state.get(encoded, TRIGGER)
-        event_time = clock_time = None
-        for timers in trigger_state.timers.values():
-            for (_, domain, _), timestamp in timers.items():
-                micros = timestamp.micros
-                if domain == TimeDomain.WATERMARK:
-                    event_time = micros if event_time is None else min(event_time, micros)
-                else:
-                    clock_time = micros if clock_time is None else min(clock_time, micros)
+        event_time, clock_time, hold, windows = self._panes.index(key_state)
+        timer_id = (encoded,)
         for queue, micros in ((state.event_timers, event_time),
                               (state.processing_timers, clock_time)):
             if micros is None:
-                queue.clear((encoded,))
-            else:
-                # A key's timer holds nothing: the trigger state's holds do.
-                queue.set((encoded,), micros, None, MAX_WATERMARK)
-        _compact_holds(trigger_state)
-        hold = trigger_state.get_earliest_hold().micros
-        state.set_hold(encoded, hold if hold < MAX_WATERMARK else None)
-        state.expiry.remove_key(encoded)
-        windows = (trigger.MergeableStateAdapter(trigger_state).known_windows()
-                   if self._merging else {*trigger_state.state, *trigger_state.timers})
-        for window in windows:
-            state.add_window(encoded, window.max_timestamp().micros)
-
-
-def _compact_holds(state: trigger.InMemoryUnmergedState) -> None:
-    """Shortens every window's watermark-hold list to its minimum and maximum.
-
-    Beam's driver appends a hold per element and `get_earliest_hold` takes the
-    minimum of every list, so a key re-indexed after each small bundle paid for all
-    the holds of its windows each time (62% of all worker time for a GroupByKey of
-    10 keys over sliding windows at bundle size 10). Every timestamp combiner
-    combines holds by their minimum or maximum (`combine_all`), and
-    `get_earliest_hold` takes the minimum, so both read the same from the two.
-    """
-    for tagged in state.state.values():
-        holds = tagged.get(_HOLD_TAG)
-        if holds is not None and len(holds) > 2:
-            tagged[_HOLD_TAG] = [min(holds), max(holds)]
+                queue.clear(timer_id)
+            elif queue.fire_timestamp(timer_id) != micros:
+                # A key's timer holds nothing: the key's state holds do. Set again
+                # as it is, it would only move behind the keys set after it.
+                queue.set(timer_id, micros, None, MAX_WATERMARK)
+        state.set_hold(encoded, hold if hold is not None and hold < MAX_WATERMARK else None)
+        windows = sorted(set(windows))
+        indexed = state.expiry.windows(encoded)
+        if indexed != windows:
+            if any(window not in windows for window in indexed):
+                state.expiry.remove_key(encoded)
+                indexed = []
+            for window in windows:
+                if window not in indexed:
+                    state.add_window(encoded, window)
 
 
 class _Output:

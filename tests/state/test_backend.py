@@ -36,7 +36,7 @@ from beam_streams_runner.state.backend import (
     KeyedStateBackend,
     split_entry,
 )
-from beam_streams_runner.translators.streaming_group_by_key import (
+from beam_streams_runner.translators.beam_trigger_panes import (
     TRIGGER,
     TRIGGER_STATE_CODEC,
     _plain,
@@ -317,8 +317,10 @@ def trigger_states(draw) -> tuple:
 
 
 def plain_trigger_state(value: tuple) -> tuple:
-    """A key's (user key, trigger state) as the codec writes it (plain lists)."""
-    return _plain(*value)
+    """A key's (user key, panes' state) as the codec writes it (Beam's trigger state
+    as plain lists, the default trigger's windows' panes as they are)."""
+    key, state = value
+    return _plain(key, state) if isinstance(state, trigger.InMemoryUnmergedState) else value
 
 
 TestGroupByKeyTriggerState = contract_for(

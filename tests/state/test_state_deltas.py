@@ -45,12 +45,9 @@ from beam_streams_runner.state.backend import PICKLE_CODEC, KeyedStateBackend
 from beam_streams_runner.state.state_handler import PartitionStateHandler
 from beam_streams_runner.state.versioned_state import Revision
 from beam_streams_runner.stores.local_directory import LocalDirectoryStore
+from beam_streams_runner.translators.beam_trigger_panes import TRIGGER, TRIGGER_STATE_CODEC
 from beam_streams_runner.translators.group_by_key import GroupingCoders
-from beam_streams_runner.translators.streaming_group_by_key import (
-    TRIGGER,
-    TRIGGER_STATE_CODEC,
-    StreamingGroupByKeyOperator,
-)
+from beam_streams_runner.translators.streaming_group_by_key import StreamingGroupByKeyOperator
 from beam_streams_runner.worker import partition_cache
 from beam_streams_runner.worker.partition_cache import PartitionStateCache
 from tests.state.test_backend import apply_delta, decoded, observe, plain_trigger_state
@@ -251,6 +248,10 @@ def as_epochs(steps) -> list:
 
 WINDOWINGS = {
     'fixed': Windowing(window.FixedWindows(10)),
+    'sliding-earliest-late': Windowing(
+        window.SlidingWindows(10, 5), triggerfn=trigger.DefaultTrigger(),
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+        timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST, allowed_lateness=5),
     'sessions-early-late': Windowing(
         window.Sessions(5),
         triggerfn=trigger.AfterWatermark(early=trigger.AfterCount(1),

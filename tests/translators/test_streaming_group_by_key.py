@@ -11,7 +11,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from beam_streams_runner.translators.streaming_group_by_key import (
+from beam_streams_runner.translators.beam_trigger_panes import (
     _MergingState,
     _StreamingTriggerDriver,
 )
