@@ -197,6 +197,8 @@ class BeamTriggerPanes:
         self._driver = _StreamingTriggerDriver(windowing, BackendClock(state))
         self._merging = windowing.windowfn.is_merging()
         self._driver.is_merging = self._merging
+        # A merged window's parts cannot go one by one.
+        self.drops_windows = not self._merging
 
     def new_state(self) -> trigger.InMemoryUnmergedState:
         return trigger.InMemoryUnmergedState()
@@ -231,8 +233,6 @@ class BeamTriggerPanes:
                 [window.max_timestamp().micros for window in windows])
 
     def expire_windows(self, state: trigger.InMemoryUnmergedState, before: int) -> bool:
-        if self._merging:
-            return False  # a merged window's parts cannot go one by one
         expired = [window for window in state.state
                    if window.end.micros < before and window not in state.timers]
         for window in expired:

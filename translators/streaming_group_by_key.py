@@ -42,6 +42,7 @@ class KeyPanes(Protocol):
     """A key's panes: what the operator asks of the state it keeps per key."""
 
     namespace: str  # the key's state in the backend: (namespace, (user key, state))
+    drops_windows: bool  # whether `expire_windows` can drop any window
 
     def new_state(self) -> Any: ...
 
@@ -59,7 +60,7 @@ class KeyPanes(Protocol):
 
     def expire_windows(self, state: Any, before: int) -> bool:
         """Drops the windows ending before `before` that wait for no timer; whether
-        any went."""
+        any went (only asked when `drops_windows`)."""
 
 
 def key_panes(windowing, state: KeyedStateBackend) -> KeyPanes:
@@ -177,10 +178,12 @@ class StreamingGroupByKeyOperator(Operator):
             if latest is None or latest + self._lateness >= watermark:
                 # Drops the windows of a live key that no element can reach any
                 # more (past their end plus the allowed lateness, as Beam's driver
-                # drops late elements) and that wait for no timer.
-                _, key_state = self._key_state(encoded)
-                if self._panes.expire_windows(key_state, watermark - self._lateness):
-                    self._reindex(encoded, key_state)
+                # drops late elements) and that wait for no timer. A merged window's
+                # parts cannot go one by one: its key's state is not even read.
+                if self._panes.drops_windows:
+                    _, key_state = self._key_state(encoded)
+                    if self._panes.expire_windows(key_state, watermark - self._lateness):
+                        self._reindex(encoded, key_state)
                 continue
             if not state.has_timers(encoded):  # else a timer is still to fire
                 state.delete_key(encoded)

@@ -63,6 +63,7 @@ class WindowEndPanes:
     `{window_key(window): panes}` in the order its windows were first seen."""
 
     namespace = WINDOW_PANES
+    drops_windows = True
 
     def __init__(self, windowing) -> None:
         self._lateness = windowing.allowed_lateness.micros

@@ -11,10 +11,13 @@ from apache_beam.utils.windowed_value import WindowedValue
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.translators.beam_trigger_panes import (
+    TRIGGER_STATE_CODEC,
     _MergingState,
     _StreamingTriggerDriver,
 )
+from tests.state.test_state_deltas import grouping_input, grouping_operator, seconds
 
 
 class _BeamAdapterDriver(_StreamingTriggerDriver):
@@ -91,3 +94,37 @@ def test_the_driver_runs_the_merging_state():
             is _MergingState)
     assert (_StreamingTriggerDriver.process_timer.__globals__['MergeableStateAdapter']
             is _MergingState)
+
+
+class _CountingCodec:
+    """The GroupByKey's codec, counting the keys it decodes."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+
+    def encode(self, values: list) -> bytes:
+        return TRIGGER_STATE_CODEC.encode(values)
+
+    def decode(self, data) -> list:
+        self.decoded += 1
+        return TRIGGER_STATE_CODEC.decode(data)
+
+
+def test_expiry_of_merging_windows_leaves_the_keys_states_unread():
+    """A watermark advance that fires nothing reads no key's state of a merging
+    GroupByKey: its windows cannot be dropped one by one, so expiry has nothing to
+    read them for (a restored partition decodes a key's state when first used)."""
+    windowing = Windowing(window.Sessions(5))
+    elements = [(key, 1, t) for key in 'abcde' for t in (1, 20)]
+    live_state = KeyedStateBackend(TRIGGER_STATE_CODEC)
+    live = grouping_operator(windowing)(live_state)
+    live.process_bundle([('input', grouping_input(windowing, elements))])
+    assert live.advance(seconds(10))  # the first sessions fire
+    codec = _CountingCodec()
+    restored = KeyedStateBackend(codec)
+    restored.restore(live_state.snapshot())
+    operator = grouping_operator(windowing)(restored)
+    assert operator.advance(seconds(12)) == []
+    assert codec.decoded == 0
+    assert operator.advance(seconds(30))  # the second sessions fire, read from the state
+    assert codec.decoded == 5
