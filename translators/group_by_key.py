@@ -47,6 +47,7 @@ from beam_streams_runner.records import (
     chunks_by_target,
     decode_with_raw,
 )
+from beam_streams_runner.translators import window_end_panes
 from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import Bundle, Operator
 
@@ -137,8 +138,7 @@ def batch_panes(windowing):
     if not isinstance(driver, trigger.GeneralTriggerDriver):
         return driver.process_entire_key
     general = functools.partial(_process_entire_key, driver)
-    if (type(windowing.triggerfn) is trigger.DefaultTrigger
-            and not windowing.windowfn.is_merging()):
+    if window_end_panes.applies_to(windowing):
         return functools.partial(
             _one_pane_per_window,
             TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn),

@@ -52,7 +52,8 @@ _ON_TIME_FIRST = PaneInfo(True, False, PaneInfoTiming.ON_TIME, 0, 0)
 
 
 def applies_to(windowing) -> bool:
-    """Whether `windowing`'s panes are `WindowEndPanes`' (else Beam's driver's)."""
+    """Whether `windowing`'s panes are `WindowEndPanes`' (else Beam's driver's); the
+    batch GroupByKey's one pane per window applies to the same windowings."""
     return (type(windowing.triggerfn) is trigger.DefaultTrigger
             and not windowing.windowfn.is_merging())
 
