@@ -155,7 +155,9 @@ class StreamsSparkOptions(PipelineOptions):
             default=True,
             help=('Run every fused Map, FlatMap, Filter, WindowInto and simple DoFn through '
                   "Beam's SDK harness step by step instead of as one composed call per "
-                  'run of such steps: only for comparison benchmarks and diagnosis.'))
+                  'run of such steps, and read bounded sources record by record through '
+                  "Beam's splittable DoFn instead of in batches: only for comparison "
+                  'benchmarks and diagnosis.'))
         add_checkpoint_args(parser)
 
 

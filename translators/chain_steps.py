@@ -45,6 +45,11 @@ _SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
 FLUSH_AT = 1000
 
 
+def has_special_results(outputs: list) -> bool:
+    """Whether any of `outputs` is a TaggedOutput, WindowedValue or TimestampedValue."""
+    return any(issubclass(t, _SPECIAL_RESULTS) for t in set(map(type, outputs)))
+
+
 class ChainStep:
     """One step of a chain: how it maps a batch, where its metrics go, what it emitted."""
 
@@ -120,8 +125,8 @@ class ParDoStep(ChainStep):
             outputs = [call(v) for v in values]
         else:
             outputs = [call(*v) for v in values]
-        if any(issubclass(t, _SPECIAL_RESULTS) for t in set(map(type, outputs))):
-            yield self._special_outputs(outputs, bases)
+        if has_special_results(outputs):
+            yield self.special_outputs(outputs, bases)
         else:
             yield outputs, bases
 
@@ -152,7 +157,10 @@ class ParDoStep(ChainStep):
         if out_values:
             yield out_values, out_bases
 
-    def _special_outputs(self, outputs: list, bases: list) -> tuple[list, list]:
+    def special_outputs(self, outputs: list, bases: list) -> tuple[list, list]:
+        """`outputs` (each made from the element of `bases` at its place) as values and
+        the WindowedValues they carry, the TaggedOutputs, WindowedValues and
+        TimestampedValues among them as Beam's output handler takes them."""
         out_values, out_bases = [], []
         for result, base in zip(outputs, bases, strict=True):
             if isinstance(result, _SPECIAL_RESULTS):

@@ -46,16 +46,37 @@ from beam_streams_runner.records import MAX_WATERMARK, MIN_WATERMARK, Record, de
 
 _PROCESS_SIZED_ELEMENTS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 SOURCE_BUNDLES_URN = 'beam_streams_runner:source_bundles:v1'
+# A bounded source's process step and its boundary as one (`translators.bounded_reads`).
+BOUNDED_READ_URN = 'beam_streams_runner:bounded_read:v1'
+_READS = (_PROCESS_SIZED_ELEMENTS, BOUNDED_READ_URN)
 # "Split right after the current position": the smallest fraction trackers accept.
 _CHECKPOINT_FRACTION = 1e-9
 
 _listener = threading.local()
 
 
-def set_source_bundle_listener(listener: Callable[[str], None] | None) -> None:
-    """Installs the hook called, with the boundary's transform id, after every
-    element a source emitted went through the steps downstream (this thread)."""
+class SourceBundler(NamedTuple):
+    """Where a stage's source bundles end (`SourceReads.bundler`), as its sources tell
+    it what they read, each under its transform id."""
+
+    on_element: Callable[[str], None]  # one element went through the steps downstream
+    room: Callable[[str], int]  # elements left in the source's current bundle
+    # `count` elements went through; `split` checkpoints the source's restriction
+    # (its residual root, or None where its tracker refuses), should the slice end.
+    add: Callable[[str, int, Callable[[], beam_fn_api_pb2.DelayedBundleApplication | None]],
+                  None]
+    # Gives an input element back unread, as a residual root (after the slice ended).
+    defer: Callable[[beam_fn_api_pb2.DelayedBundleApplication], None]
+
+
+def set_source_bundle_listener(listener: SourceBundler | None) -> None:
+    """Installs the hook a stage's sources tell what they read (this thread)."""
     _listener.hook = listener
+
+
+def source_bundle_listener() -> SourceBundler | None:
+    """The hook `set_source_bundle_listener` installed on this thread, if any."""
+    return getattr(_listener, 'hook', None)
 
 
 class SourceBundleBoundary(operations.FlattenOperation):
@@ -65,7 +86,7 @@ class SourceBundleBoundary(operations.FlattenOperation):
         self.output(o)
         hook = getattr(_listener, 'hook', None)
         if hook is not None:
-            hook(self.name_context.transform_id)
+            hook.on_element(self.name_context.transform_id)
 
 
 @bundle_processor.BeamTransformFactory.register_urn(SOURCE_BUNDLES_URN, None)
@@ -239,9 +260,10 @@ class SourceReads:
         """A harness bundle starts; `counts`: its input elements, where known."""
         self._input_counts = dict(counts or {})
 
-    def bundler(self, processor, instruction_id: str, data, cuts: list):
-        """The hook of the stage's `SourceBundleBoundary`s: cuts source bundles, or None
-        when the stage reads no source or bundles are not cut.
+    def bundler(self, processor, instruction_id: str, data, cuts: list
+                ) -> SourceBundler | None:
+        """The hook of the stage's `SourceBundleBoundary`s and bulk bounded reads: cuts
+        source bundles, or None when the stage reads no source or bundles are not cut.
 
         Every `bundle_size` elements a source emitted (or `bundle_time_ms`, when the
         policy sets one) a source bundle ends: the steps downstream of the source
@@ -270,18 +292,10 @@ class SourceReads:
         bundle_until = dict.fromkeys(steps, started + bundle_s if bundle_s else math.inf)
         read = 0
 
-        def on_element(boundary_id: str) -> None:
-            nonlocal read
-            read += 1
-            count = in_bundle[boundary_id] + 1
-            if count < bundle_size and (bundle_s is None
-                                        or time.monotonic() < bundle_until[boundary_id]):
-                in_bundle[boundary_id] = count
-                return
+        def end_bundle(boundary_id: str, checkpoint: Callable[[], bool]) -> None:
             in_bundle[boundary_id] = 0
             now = time.monotonic()
-            if (((read >= slice_size and now >= slice_from) or now >= slice_until)
-                    and self._checkpoint(processor, instruction_id, data, cuts)):
+            if ((read >= slice_size and now >= slice_from) or now >= slice_until) and checkpoint():
                 return  # the slice's last bundle ends with the harness bundle
             finishing = steps[boundary_id]
             for step in finishing:
@@ -291,7 +305,47 @@ class SourceReads:
             if bundle_s is not None:
                 bundle_until[boundary_id] = time.monotonic() + bundle_s
 
-        return on_element
+        def harness_checkpoint() -> bool:
+            return self._checkpoint(processor, instruction_id, data, cuts)
+
+        def on_element(boundary_id: str) -> None:
+            nonlocal read
+            read += 1
+            count = in_bundle[boundary_id] + 1
+            if count < bundle_size and (bundle_s is None
+                                        or time.monotonic() < bundle_until[boundary_id]):
+                in_bundle[boundary_id] = count
+                return
+            end_bundle(boundary_id, harness_checkpoint)
+
+        def room(boundary_id: str) -> int:
+            return bundle_size - in_bundle[boundary_id]
+
+        def add(boundary_id: str, count: int,
+                split: Callable[[], beam_fn_api_pb2.DelayedBundleApplication | None]) -> None:
+            nonlocal read
+            read += count
+            count += in_bundle[boundary_id]
+            if count < bundle_size and (bundle_s is None
+                                        or time.monotonic() < bundle_until[boundary_id]):
+                in_bundle[boundary_id] = count
+                return
+
+            def own_checkpoint() -> bool:
+                if any(cut.residual_roots for cut in cuts):
+                    return False
+                residual = split()
+                if residual is None:
+                    return False
+                cuts.append(beam_fn_api_pb2.ProcessBundleSplitResponse(residual_roots=[residual]))
+                return True
+
+            end_bundle(boundary_id, own_checkpoint)
+
+        def defer(root: beam_fn_api_pb2.DelayedBundleApplication) -> None:
+            cuts.append(beam_fn_api_pb2.ProcessBundleSplitResponse(residual_roots=[root]))
+
+        return SourceBundler(on_element, room, add, defer)
 
     def leftovers(self, delayed, cuts, data) -> list[Residual]:
         """What the harness bundle left: the DoFns' own self-checkpoints (`delayed`), the
@@ -339,9 +393,10 @@ class SourceReads:
         return bool(cut.residual_roots)
 
     def _steps_after_sources(self, ops) -> dict[str, list[str]]:
-        """Per `SourceBundleBoundary`, the steps a source bundle's end finishes, in
-        the harness's order: every step downstream of its splittable DoFn except
-        the data outputs (their stream closes only with the harness bundle)."""
+        """Per `SourceBundleBoundary` (and bulk bounded read), the steps a source
+        bundle's end finishes, in the harness's order: every step downstream of its
+        splittable DoFn except the data outputs (their stream closes only with the
+        harness bundle)."""
         if self._bundle_steps is None:
             transforms = self._descriptor_view.process_bundle_descriptor.transforms
             consumers = collections.defaultdict(list)
@@ -354,10 +409,13 @@ class SourceReads:
             skipped = {bundle_processor.DATA_OUTPUT_URN, SOURCE_BUNDLES_URN}
             self._bundle_steps = {}
             for boundary_id, boundary in transforms.items():
-                if boundary.spec.urn != SOURCE_BUNDLES_URN:
+                if boundary.spec.urn == SOURCE_BUNDLES_URN:
+                    frontier = [producers[next(iter(boundary.inputs.values()))]]
+                elif boundary.spec.urn == BOUNDED_READ_URN:
+                    frontier = [boundary_id]
+                else:
                     continue
                 below: set[str] = set()
-                frontier = [producers[next(iter(boundary.inputs.values()))]]
                 while frontier:
                     for pcollection in transforms[frontier.pop()].outputs.values():
                         for consumer in consumers[pcollection]:
@@ -403,7 +461,7 @@ def _splittable_inputs(descriptor_view) -> set[str]:
     """The inputs read by a splittable DoFn (sources, after their initial split)."""
     inputs = set()
     for transform_id, transform in descriptor_view.process_bundle_descriptor.transforms.items():
-        if transform.spec.urn == _PROCESS_SIZED_ELEMENTS:
+        if transform.spec.urn in _READS:
             for input_tag in transform.inputs:
                 try:
                     inputs.add(BundleContextManager.input_for(

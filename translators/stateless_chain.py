@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from apache_beam.internal import pickler
 from apache_beam.portability import common_urns, python_urns
@@ -41,6 +42,7 @@ from beam_streams_runner.translators.chain_steps import (
     ParDoStep,
     overrides,
 )
+from beam_streams_runner.translators.file_writes import FileWriteBatches, is_batch_file_write
 from beam_streams_runner.translators.partial_combine import TaskPartialCombine
 
 STATELESS_CHAIN_URN = 'beam_streams_runner:stateless_chain:v1'
@@ -134,7 +136,7 @@ def is_plain_dofn(fn: core.DoFn, args, kwargs, side_inputs) -> bool:
         return False
     signature = common.DoFnSignature(fn)
     if (signature.is_stateful_dofn() or signature.is_splittable_dofn()
-            or signature.process_method.defaults):
+            or any(map(_is_dofn_param, signature.process_method.defaults))):
         return False
     if (overrides(fn, 'finish_bundle') or overrides(fn, 'process_batch')
             or fn._process_yields_batches):
@@ -142,6 +144,14 @@ def is_plain_dofn(fn: core.DoFn, args, kwargs, side_inputs) -> bool:
     return not any(method.defaults for method in (
         signature.setup_lifecycle_method, signature.start_bundle_method,
         signature.teardown_lifecycle_method))
+
+
+def _is_dofn_param(default) -> bool:
+    """Whether a default of `process` asks the harness for a parameter (the element's
+    timestamp, window, state...). Any other default is the callable's own: Beam's
+    invoker passes nothing for it (`str.split`'s `sep=None`), as the chain does."""
+    param = type(core.DoFn.ElementParam)  # every DoFn parameter's base class
+    return isinstance(default, param) or (isinstance(default, type) and issubclass(default, param))
 
 
 def chain_step_outputs(transform: beam_runner_api_pb2.PTransform
@@ -166,7 +176,7 @@ class StatelessChainOperation(operations.Operation):
         self.steps = steps
         self._pending: list[WindowedValue] = []
         # The chain's one consumer when it takes whole batches (`batch_consumer_of`).
-        self.batch_consumer: TaskPartialCombine | DataOutputBatches | None = None
+        self.batch_consumer: BatchConsumer | None = None
 
     def setup(self, data_sampler=None) -> None:
         super().setup(data_sampler)
@@ -187,6 +197,12 @@ class StatelessChainOperation(operations.Operation):
         if len(pending) >= chain_steps.FLUSH_AT:
             self._flush()
 
+    def add_batch(self, values: list, bases: list) -> None:
+        """`process` of a batch at once: `values[i]` carrying the windows, timestamp
+        and pane of `bases[i]` (a bulk read hands its records on so)."""
+        self._flush()
+        self._push(0, values, bases)
+
     def finish(self) -> None:
         self._flush()
         super().finish()
@@ -205,12 +221,7 @@ class StatelessChainOperation(operations.Operation):
                 self._push(index + 1, out_values, out_bases)
             return
         try:
-            if self.batch_consumer is not None:
-                self.batch_consumer.add_batch(values, bases)
-                return
-            receive = self.receivers[0].receive
-            for value, base in zip(values, bases, strict=True):
-                receive(base if base.value is value else base.with_value(value))
+            hand_on(self, values, bases)
         except BaseException as exn:  # noqa: BLE001
             # Beam's DoFnRunner of the last step covers what its outputs run into (the
             # next operation, the encoding of a data output): a failure there that no
@@ -246,10 +257,22 @@ class StatelessChainOperation(operations.Operation):
         return next(step.elements for step in self.steps if step.transform_id == step_id)
 
 
+def hand_on(op: operations.Operation, values: list, bases: list) -> None:
+    """Sends a batch on from `op`: whole to its batch consumer, if it has one, else one
+    element at a time to its receiver."""
+    if op.batch_consumer is not None:
+        op.batch_consumer.add_batch(values, bases)
+        return
+    receive = op.receivers[0].receive
+    for value, base in zip(values, bases, strict=True):
+        receive(base if base.value is value else base.with_value(value))
+
+
 def metric_containers(transform_id: str, op) -> Iterable[tuple[str, object]]:
     """(transform id, metrics container) of each step a harness operation runs."""
-    if isinstance(op, StatelessChainOperation):
-        return op.metric_containers()
+    own = getattr(op, 'metric_containers', None)  # a stateless chain, a bulk read
+    if own is not None:
+        return own()
     return ((transform_id, op.metrics_container),)
 
 
@@ -268,8 +291,16 @@ def _create_stateless_chain(factory, transform_id: str,
         common.NameContext(transform_proto.unique_name, transform_id),
         operation_specs.WorkerFlatten(None, [factory.get_only_output_coder(transform_proto)]),
         factory.counter_factory, factory.state_sampler, steps)
-    op.batch_consumer = batch_consumer_of([reader for ops in consumers.values() for reader in ops])
+    op.batch_consumer = batch_consumer_of(
+        [reader for ops in consumers.values() for reader in ops], factory.descriptor)
     return factory.augment_oldstyle_op(op, transform_proto.unique_name, consumers)
+
+
+class BatchConsumer(Protocol):
+    """A step's one reader that takes a batch at once: `values[i]` carrying the windows,
+    timestamp and pane of the WindowedValue `bases[i]`."""
+
+    def add_batch(self, values: list, bases: list) -> None: ...
 
 
 class DataOutputBatches:
@@ -287,17 +318,22 @@ class DataOutputBatches:
         stream.maybe_flush()
 
 
-def batch_consumer_of(readers: list) -> TaskPartialCombine | DataOutputBatches | None:
-    """What takes a chain's batches whole, when the chain's output has one reader that
-    can: a task's partial combine, or the stage's data output. Others get elements
-    one by one through the harness's receivers (which also count them)."""
+def batch_consumer_of(readers: list, descriptor: beam_fn_api_pb2.ProcessBundleDescriptor
+                      ) -> BatchConsumer | None:
+    """What takes a step's batches whole, when its output has one reader that can: a
+    stateless chain, a task's partial combine, the stage's data output or a file sink's
+    bundle writer. Others get elements one by one through the harness's receivers
+    (which also count them)."""
     if len(readers) != 1:
         return None
     reader = readers[0]
-    if isinstance(reader, TaskPartialCombine):
+    if isinstance(reader, StatelessChainOperation | TaskPartialCombine):
         return reader
     if type(reader) is bundle_processor.DataOutputOperation:
         return DataOutputBatches(reader)
+    if isinstance(reader, operations.DoOperation) and is_batch_file_write(
+            descriptor.transforms[reader.name_context.transform_id]):
+        return FileWriteBatches(reader)
     return None
 
 

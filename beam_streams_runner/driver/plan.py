@@ -31,6 +31,8 @@ from apache_beam.runners.worker import bundle_processor
 from apache_beam.utils import proto_utils
 
 from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
+from beam_streams_runner.translators.bounded_reads import bulk_bounded_reads
+from beam_streams_runner.translators.file_writes import batch_file_writes
 from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
 from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains
 
@@ -374,7 +376,7 @@ def _stage_plan(
     else:
         descriptor = manager.process_bundle_descriptor
         if stateless_chains:
-            descriptor = fuse_stateless_chains(descriptor)
+            descriptor = batch_file_writes(fuse_stateless_chains(bulk_bounded_reads(descriptor)))
         descriptor = descriptor.SerializeToString()
         kind = 'sdk'
     return StagePlan(

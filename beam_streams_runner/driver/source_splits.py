@@ -35,7 +35,7 @@ from apache_beam.runners import common
 from apache_beam.runners.worker import bundle_processor
 
 from beam_streams_runner.driver.plan import StagePlan
-from beam_streams_runner.translators.read import Residual
+from beam_streams_runner.translators.read import BOUNDED_READ_URN, Residual
 
 _PROCESS_SIZED = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 # A piece smaller than this share of its restriction's size is not worth a task.
@@ -141,7 +141,8 @@ class SourceSplitter:
             return None
         pcollection = next(iter(source.outputs.values()))
         for transform in transforms.values():
-            if transform.spec.urn != _PROCESS_SIZED or pcollection not in transform.inputs.values():
+            if (transform.spec.urn not in (_PROCESS_SIZED, BOUNDED_READ_URN)
+                    or pcollection not in transform.inputs.values()):
                 continue
             payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
             if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:

@@ -296,3 +296,30 @@ def test_a_chain_hands_its_partial_combine_whole_batches_as_elements_would(
                                 for line in f.read_text().splitlines())
     assert outputs['chains'] and outputs['chains'] == outputs['elements']
     assert {line.split()[0] for line in outputs['chains']} == {'0', '1', '2'}
+
+
+def test_a_chains_sums_are_beams_sums_to_the_last_bit(tmp_path, spark_session, spark_args):
+    # `CombinePerKey(sum)` fed batches keeps one running total per key; Beam's
+    # CombineFn compacts buffers of values with `sum`. Floats of very different sizes
+    # (where the order of additions shows) and ints give the same totals either way.
+    rows = [f'k{i % 5},{(-1) ** i * 10.0 ** (i % 17 - 8) * (i + 0.1)}' for i in range(2000)]
+    rows += [f'i{i % 3},{i}' for i in range(500)]
+    path = tmp_path / 'rows.csv'
+    path.write_text('\n'.join(rows) + '\n')
+    outputs = {}
+    for label, extra in (('chains', []), ('elements', ['--no_stateless_chains'])):
+        out = str(tmp_path / label)
+
+        def parse(line):
+            key, value = line.split(',')
+            return key, (float(value) if key.startswith('k') else int(value))
+
+        with beam.Pipeline(runner=StreamsSparkRunner(),
+                           options=PipelineOptions([*spark_args, *extra])) as p:
+            _ = (p | beam.io.ReadFromText(str(path)) | beam.Map(parse)
+                 | beam.CombinePerKey(sum) | beam.MapTuple(lambda k, v: f'{k} {v!r}')
+                 | beam.io.WriteToText(out))
+        outputs[label] = sorted(line for f in tmp_path.glob(f'{label}*')
+                                for line in f.read_text().splitlines())
+    assert len(outputs['chains']) == 8 and outputs['chains'] == outputs['elements']
+    assert f'i0 {sum(range(0, 500, 3))}' in outputs['chains']

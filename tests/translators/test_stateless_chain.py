@@ -267,6 +267,31 @@ def test_steps_that_need_the_harness_stay_harness_steps():
             'FinishBundle', 'Timestamp', 'Last'}
 
 
+class _Suffixed(beam.DoFn):
+    def process(self, element, suffix='!'):
+        yield element + suffix
+
+
+def test_steps_whose_defaults_are_plain_values_join_the_chain():
+    # `str.split(sep=None, maxsplit=-1)` and a DoFn's `suffix='!'` are the callables'
+    # own defaults, not DoFn parameters: Beam's invoker passes nothing for them.
+    def build(pcoll):
+        return (pcoll
+                | 'Text' >> beam.Map(lambda x: f'{x} {x + 1}')
+                | 'Split' >> beam.FlatMap(str.split)
+                | 'Suffix' >> beam.ParDo(_Suffixed())
+                | 'Pad' >> beam.Map(lambda x, width=6: x.rjust(width))
+                | 'Out' >> beam.Reshuffle())
+
+    inputs = [WindowedValue(x, Timestamp(x), (window.GlobalWindow(),)) for x in range(5)]
+    with _plans(build) as plans:
+        assert _chain_of(plans[True], 'Split') == ['Pad', 'Split', 'Suffix', 'Text']
+        runs = [_run(plans[c], _stage(plans[c], 'Split'), inputs, [2, 3]) for c in (True, False)]
+    assert runs[0].outputs == runs[1].outputs
+    assert sorted(value for value, *_ in runs[0].outputs) == sorted(
+        f'{n}!'.rjust(6) for x in range(5) for n in (x, x + 1))
+
+
 def test_a_pcollection_read_twice_splits_the_run():
     def build(pcoll):
         a = pcoll | 'A' >> beam.Map(_plus_one) | 'B' >> beam.Map(_plus_one)
