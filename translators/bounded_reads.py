@@ -39,7 +39,7 @@ from apache_beam.transforms import core
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner.translators import chain_steps
-from beam_streams_runner.translators.chain_steps import ParDoStep, has_special_results
+from beam_streams_runner.translators.chain_steps import ParDoStep, dofn_info, has_special_results
 from beam_streams_runner.translators.read import (
     _CHECKPOINT_FRACTION,
     BOUNDED_READ_URN,
@@ -101,11 +101,9 @@ def is_bounded_source_reader(transform: beam_runner_api_pb2.PTransform) -> bool:
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO or payload.side_inputs:
         return False
-    try:
-        fn = pickler.loads(payload.do_fn.payload)[0]
-    except Exception:  # noqa: BLE001 - what cannot be inspected keeps the harness
-        return False
-    return (type(fn).__module__, type(fn).__qualname__) == _BOUNDED_READER
+    info = dofn_info(payload.do_fn)
+    return info is not None and (
+        (type(info[0]).__module__, type(info[0]).__qualname__) == _BOUNDED_READER)
 
 
 # Worker side -------------------------------------------------------------------------

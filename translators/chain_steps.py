@@ -20,7 +20,9 @@ import itertools
 import traceback
 from collections.abc import Callable, Hashable, Iterator
 
+from apache_beam.internal import pickler
 from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners import common
 from apache_beam.transforms import core
@@ -43,6 +45,15 @@ _SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
 # A chain runs over batches of this many input elements (and what is left at the end
 # of a bundle): per-step costs (its scoped state, its error tagging) are paid per batch.
 FLUSH_AT = 1000
+
+
+def dofn_info(do_fn: beam_runner_api_pb2.FunctionSpec) -> tuple | None:
+    """(fn, args, kwargs, side inputs, windowing) of a ParDo's DoFn spec; None where it
+    cannot be read (what cannot be inspected keeps the harness)."""
+    try:
+        return pickler.loads(core.DoFnInfo.from_runner_api(do_fn, None).serialized_dofn_data())
+    except Exception:  # noqa: BLE001 - any failure to unpickle means "not ours"
+        return None
 
 
 def has_special_results(outputs: list) -> bool:

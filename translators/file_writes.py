@@ -24,7 +24,8 @@ from apache_beam.internal import pickler
 from apache_beam.io import filebasedsink, iobase, textio
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
-from apache_beam.transforms import core
+
+from beam_streams_runner.translators.chain_steps import dofn_info
 
 _PAR_DO = common_urns.primitives.PAR_DO.urn
 
@@ -107,11 +108,7 @@ def _pickled_dofn(transform: beam_runner_api_pb2.PTransform) -> tuple | None:
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
         return None
-    try:
-        return pickler.loads(
-            core.DoFnInfo.from_runner_api(payload.do_fn, None).serialized_dofn_data())
-    except Exception:  # noqa: BLE001 - what cannot be inspected is left as it is
-        return None
+    return dofn_info(payload.do_fn)
 
 
 # Worker side -------------------------------------------------------------------------

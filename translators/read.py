@@ -305,45 +305,46 @@ class SourceReads:
             if bundle_s is not None:
                 bundle_until[boundary_id] = time.monotonic() + bundle_s
 
-        def harness_checkpoint() -> bool:
-            return self._checkpoint(processor, instruction_id, data, cuts)
-
-        def on_element(boundary_id: str) -> None:
-            nonlocal read
-            read += 1
-            count = in_bundle[boundary_id] + 1
-            if count < bundle_size and (bundle_s is None
-                                        or time.monotonic() < bundle_until[boundary_id]):
-                in_bundle[boundary_id] = count
-                return
-            end_bundle(boundary_id, harness_checkpoint)
-
-        def room(boundary_id: str) -> int:
-            return bundle_size - in_bundle[boundary_id]
-
-        def add(boundary_id: str, count: int,
-                split: Callable[[], beam_fn_api_pb2.DelayedBundleApplication | None]) -> None:
+        def bundle_goes_on(boundary_id: str, count: int) -> bool:
+            """Counts `count` more elements read; False when the source bundle ends."""
             nonlocal read
             read += count
             count += in_bundle[boundary_id]
             if count < bundle_size and (bundle_s is None
                                         or time.monotonic() < bundle_until[boundary_id]):
                 in_bundle[boundary_id] = count
+                return True
+            return False
+
+        def harness_checkpoint() -> bool:
+            return self._checkpoint(processor, instruction_id, data, cuts)
+
+        def on_element(boundary_id: str) -> None:
+            if not bundle_goes_on(boundary_id, 1):
+                end_bundle(boundary_id, harness_checkpoint)
+
+        def room(boundary_id: str) -> int:
+            return bundle_size - in_bundle[boundary_id]
+
+        def defer(root: beam_fn_api_pb2.DelayedBundleApplication) -> None:
+            cuts.append(beam_fn_api_pb2.ProcessBundleSplitResponse(residual_roots=[root]))
+
+        def add(boundary_id: str, count: int,
+                split: Callable[[], beam_fn_api_pb2.DelayedBundleApplication | None]) -> None:
+            if bundle_goes_on(boundary_id, count):
                 return
 
             def own_checkpoint() -> bool:
+                # One checkpoint per harness bundle, as `_checkpoint` asks for.
                 if any(cut.residual_roots for cut in cuts):
                     return False
                 residual = split()
                 if residual is None:
                     return False
-                cuts.append(beam_fn_api_pb2.ProcessBundleSplitResponse(residual_roots=[residual]))
+                defer(residual)
                 return True
 
             end_bundle(boundary_id, own_checkpoint)
-
-        def defer(root: beam_fn_api_pb2.DelayedBundleApplication) -> None:
-            cuts.append(beam_fn_api_pb2.ProcessBundleSplitResponse(residual_roots=[root]))
 
         return SourceBundler(on_element, room, add, defer)
 

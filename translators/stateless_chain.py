@@ -40,6 +40,7 @@ from beam_streams_runner.translators.chain_steps import (
     AssignWindowsStep,
     ChainStep,
     ParDoStep,
+    dofn_info,
     overrides,
 )
 from beam_streams_runner.translators.file_writes import FileWriteBatches, is_batch_file_write
@@ -121,11 +122,10 @@ def is_chainable(transform: beam_runner_api_pb2.PTransform) -> bool:
     # `KeyWithVoid` of every CombineGlobally).
     if payload.do_fn.urn not in (python_urns.PICKLED_DOFN_INFO, *_STATELESS_DOFN_URNS):
         return False
-    try:
-        fn, args, kwargs, side_inputs, _ = pickler.loads(
-            core.DoFnInfo.from_runner_api(payload.do_fn, None).serialized_dofn_data())
-    except Exception:  # noqa: BLE001 - what cannot be inspected keeps the harness
+    info = dofn_info(payload.do_fn)
+    if info is None:
         return False
+    fn, args, kwargs, side_inputs, _ = info
     return is_plain_dofn(fn, args, kwargs, side_inputs)
 
 
