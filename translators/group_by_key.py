@@ -30,6 +30,7 @@ WindowFns, every other trigger, and keys with a window ending outside
 from __future__ import annotations
 
 import functools
+import itertools
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
@@ -48,6 +49,8 @@ from beam_streams_runner.records import (
     decode_with_raw,
 )
 from beam_streams_runner.translators import window_end_panes
+from beam_streams_runner.translators.grouped_inputs import GroupedPanes, global_pane
+from beam_streams_runner.translators.keyed_outputs import KeyedValues, routed
 from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import Bundle, Operator
 
@@ -159,19 +162,33 @@ class KeyPartitioner:
         self._bundle_size = bundle_size
         self._kv_chunks = kv_chunks
 
-    def partition(self, tag: str, chunks: Iterable[bytes]) -> Iterator[tuple[int, Record]]:
+    def partition(self, tag: str, chunks: Iterable[bytes | KeyedValues]
+                  ) -> Iterator[tuple[int, Record]]:
+        n = self._num_partitions
+        # Runs of encoded chunks are batched per target across chunks; a chunk already
+        # grouped by key is routed a key at a time.
+        for keyed, run in itertools.groupby(chunks, key=_is_keyed):
+            if keyed:
+                for part in run:
+                    yield from routed(part, n, tag)
+            else:
+                yield from chunks_by_target(self._routed(run), n, self._bundle_size, tag)
+
+    def _routed(self, chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
         n = self._num_partitions
         crc32 = zlib.crc32
         if self._kv_chunks is not None:
             keyed_raw = self._kv_chunks.keyed_raw
-            routed = ((crc32(key) % n, raw) for chunk in chunks for key, raw in keyed_raw(chunk))
-        else:
-            encode_key = self._key_coder.encode_nested
-            routed = (
-                (crc32(encode_key(windowed.value[0])) % n, raw)
-                for chunk in chunks
-                for windowed, raw in decode_with_raw(self._element_coder, chunk))
-        return chunks_by_target(routed, n, self._bundle_size, tag)
+            return ((crc32(key) % n, raw) for chunk in chunks for key, raw in keyed_raw(chunk))
+        encode_key = self._key_coder.encode_nested
+        return (
+            (crc32(encode_key(windowed.value[0])) % n, raw)
+            for chunk in chunks
+            for windowed, raw in decode_with_raw(self._element_coder, chunk))
+
+
+def _is_keyed(chunk: bytes | KeyedValues) -> bool:
+    return type(chunk) is KeyedValues
 
 
 class GroupingCoders(NamedTuple):
@@ -190,9 +207,15 @@ class GroupByKeyOperator(Operator):
     (`streaming_group_by_key`)."""
 
     def __init__(self, coders: GroupingCoders, windowing, output_id: str,
-                 bundle_size: int, kv_chunks: KvChunks | None = None) -> None:
+                 bundle_size: int, kv_chunks: KvChunks | None = None,
+                 hands_panes: bool = False) -> None:
         """`kv_chunks`: a reader of the input's chunks when its elements are windowed
-        KVs (the keys' bytes read as sent, not encoded again)."""
+        KVs (the keys' bytes read as sent, not encoded again). `hands_panes`: the
+        panes leave as `GroupedPanes`, not encoded (default windowing only, see
+        `grouped_inputs`)."""
+        if hands_panes and not windowing.is_default():
+            raise ValueError('only panes in the global window are handed on unencoded')
+        self._hands_panes = hands_panes
         self._coders = coders
         self._windowing = windowing
         self._output_id = output_id
@@ -204,32 +227,46 @@ class GroupByKeyOperator(Operator):
         self._kv_chunks = kv_chunks
 
     def process_bundle(self, bundle: Bundle) -> list[Record]:
-        encode_key = self._coders.key.encode_nested
         buffers = self._buffers
-        decode_all = self._coders.input.decode_all
-        trivial = self._trivial
-        if trivial and self._kv_chunks is not None:
-            keyed_values = self._kv_chunks.keyed_values
-            for _, chunk in bundle:
-                for encoded, key, value in keyed_values(chunk):
+        for _, chunk in bundle:
+            if type(chunk) is KeyedValues:  # only given to a trivial grouping
+                for encoded, (key, values) in chunk.items():
                     entry = buffers.get(encoded)
                     if entry is None:
-                        entry = buffers[encoded] = (key, [])
-                    entry[1].append(value)
-            return []
-        for _, chunk in bundle:
-            for windowed in decode_all(chunk):
-                key, value = windowed.value
-                encoded = encode_key(key)
-                entry = buffers.get(encoded)
-                if entry is None:
-                    entry = buffers[encoded] = (key, [])
-                entry[1].append(value if trivial else windowed.with_value(value))
+                        buffers[encoded] = (key, values)
+                    else:
+                        entry[1].extend(values)
+            elif self._trivial and self._kv_chunks is not None:
+                self._add_values(chunk)
+            else:
+                self._add_decoded(chunk)
         return []
+
+    def _add_values(self, chunk: bytes) -> None:
+        buffers = self._buffers
+        for encoded, key, value in self._kv_chunks.keyed_values(chunk):
+            entry = buffers.get(encoded)
+            if entry is None:
+                entry = buffers[encoded] = (key, [])
+            entry[1].append(value)
+
+    def _add_decoded(self, chunk: bytes) -> None:
+        encode_key = self._coders.key.encode_nested
+        buffers = self._buffers
+        trivial = self._trivial
+        for windowed in self._coders.input.decode_all(chunk):
+            key, value = windowed.value
+            encoded = encode_key(key)
+            entry = buffers.get(encoded)
+            if entry is None:
+                entry = buffers[encoded] = (key, [])
+            entry[1].append(value if trivial else windowed.with_value(value))
 
     def advance(self, watermark: int, processing_time: int | None = None) -> list[Record]:
         if watermark < MAX_WATERMARK:
             return []
+        if self._hands_panes:
+            return self._handed_panes()
         panes = batch_panes(self._windowing)
         builder = ChunkBuilder(self._bundle_size)
         out: list[Record] = []
@@ -242,5 +279,20 @@ class GroupByKeyOperator(Operator):
         rest = builder.flush()
         if rest is not None:
             out.append((self._output_id, rest))
+        self._buffers = {}
+        return out
+
+    def _handed_panes(self) -> list[Record]:
+        """The panes as `GroupedPanes` of at most `bundle_size` keys each."""
+        in_global_window = global_pane(_ONLY_PANE).with_value
+        out: list[Record] = []
+        panes = GroupedPanes()
+        for key, values in self._buffers.values():
+            panes.append(in_global_window((key, values)))
+            if len(panes) >= self._bundle_size:
+                out.append((self._output_id, panes))
+                panes = GroupedPanes()
+        if panes:
+            out.append((self._output_id, panes))
         self._buffers = {}
         return out

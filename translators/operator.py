@@ -57,6 +57,10 @@ class OperatorServices:
     pinned: Callable[[bytes], bool] = never_pinned
     # Off only for comparison benchmarks (--no_keyed_state_gc): expired keys stay.
     keyed_state_gc: bool = True
+    # Batch: the data outputs feeding a GroupByKey in the global window, by DATA_OUTPUT
+    # transform id, with their key coder impl: a chain's batches leave them grouped by
+    # key (`keyed_outputs`).
+    keyed_outputs: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 class Operator(abc.ABC):

@@ -35,6 +35,8 @@ from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.beam_timers import TimerReader, latest_due
 from beam_streams_runner.state.direct_user_state import direct_user_state
 from beam_streams_runner.state.state_handler import PartitionStateHandler
+from beam_streams_runner.translators.grouped_inputs import MARKER, GroupedPanes, hand_in
+from beam_streams_runner.translators.keyed_outputs import keep_keyed, keyed_parts
 from beam_streams_runner.translators.operator import Bundle, Operator, OperatorServices
 from beam_streams_runner.translators.partial_combine import (
     TaskPartialCombines,
@@ -198,11 +200,19 @@ class FusedStageOperator(Operator):
             for timers in fired.get((transform_id, family), ()):
                 stream.write(timers)
             stream.close()
+        handed: dict[str, list[GroupedPanes]] = {}
         for input_id in self.stage.inputs:
             stream = conn.output_stream(instruction_id, input_id)
             for chunk in data.get(input_id, ()):
-                stream.write(chunk)
+                if type(chunk) is GroupedPanes:
+                    handed.setdefault(input_id, []).append(chunk)
+                else:
+                    stream.write(chunk)
             stream.close()
+            if input_id in handed:  # its own data element: see `grouped_inputs`
+                marker = conn.output_stream(instruction_id, input_id)
+                marker.write(MARKER)
+                marker.close()
         cuts: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
         self._reads.start_bundle(counts)
         # The harness's bundle processor is driven directly (what SdkWorker does,
@@ -214,7 +224,11 @@ class FusedStageOperator(Operator):
             # Only a new processor looks these up.
             with direct_user_state(), task_partial_combines():
                 processor = processors.get(instruction_id, self.descriptor_id)
+            if self._services.keyed_outputs:
+                keep_keyed(processor, self._services.keyed_outputs)
         self._partial_combines.hold(processor)
+        for input_id, panes in handed.items():
+            hand_in(processor, input_id, panes)
         try:
             hook = None if fired else self._reads.bundler(processor, instruction_id, data, cuts)
             if hook is not None:
@@ -247,6 +261,9 @@ class FusedStageOperator(Operator):
                 by_output[element.transform_id].append(element.data)
         for transform_id, parts in by_output.items():
             outputs.append((self.stage.outputs[transform_id], b''.join(parts)))
+        if self._services.keyed_outputs:
+            for transform_id, keyed in keyed_parts(processor):
+                outputs.append((self.stage.outputs[transform_id], keyed))
         for op_id, op in processor.ops.items():
             for transform_id, container in metric_containers(op_id, op):
                 if container.metrics:

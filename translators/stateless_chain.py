@@ -308,10 +308,10 @@ class DataOutputBatches:
     straight into the output stream, whose size is checked once per batch."""
 
     def __init__(self, output: bundle_processor.DataOutputOperation) -> None:
-        self._output = output
+        self.output = output
 
     def add_batch(self, values: list, bases: list) -> None:
-        output = self._output
+        output = self.output
         encode, stream = output.windowed_coder_impl.encode_to_stream, output.output_stream
         for value, base in zip(values, bases, strict=True):
             encode(base if base.value is value else base.with_value(value), stream, True)

@@ -16,6 +16,7 @@ from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.errors import StageExecutionError, stage_failures_named
 from beam_streams_runner.records import MAX_WATERMARK, Record
 from beam_streams_runner.translators.group_by_key import GroupByKeyOperator
+from beam_streams_runner.translators.keyed_outputs import groupable
 from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
@@ -34,7 +35,8 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
     stage = plan.stages[stage_name]
     operator = FusedStageOperator(runtime, stage, OperatorServices(
         bundle_size=plan.bundle_size,
-        side_inputs=side_bc.value if side_bc is not None else {}))
+        side_inputs=side_bc.value if side_bc is not None else {},
+        keyed_outputs=_keyed_outputs(runtime, plan, stage)))
     watermarks = PartitionWatermarks()
     with recorded_warnings(warnings_acc), stage_failures_named(stage.display_name):
         try:
@@ -51,12 +53,29 @@ def run_stage(plan_bc, stage_name: str, side_bc, metrics_acc, warnings_acc,
                 metrics_acc.add(totals)
 
 
+def _keyed_outputs(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan
+                   ) -> dict[str, object]:
+    """The stage's outputs that its chains may leave grouped by key (see
+    `keyed_outputs`), with their key coder impls."""
+    keyed = {}
+    for transform_id, buffer_id in stage.outputs.items():
+        spec = plan.groupings.get(buffer_id)
+        if spec is not None and groupable(runtime.coder(spec.input_coder_id),
+                                          runtime.coder(spec.key_coder_id),
+                                          spec.windowing(runtime)):
+            keyed[transform_id] = runtime.coder_impl(spec.key_coder_id)
+    return keyed
+
+
 def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_id: str,
              records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     spec = plan.groupings[stage.inputs[input_id]]
+    windowing = spec.windowing(runtime)
+    input_coder, key_coder = runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)
     operator = GroupByKeyOperator(
-        spec.coders(runtime), spec.windowing(runtime), input_id, plan.bundle_size,
-        KvChunks.of(runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)))
+        spec.coders(runtime), windowing, input_id, plan.bundle_size,
+        KvChunks.of(input_coder, key_coder),
+        hands_panes=groupable(input_coder, key_coder, windowing))
     try:
         for record in records:
             operator.process_bundle([record])

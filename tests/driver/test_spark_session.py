@@ -171,7 +171,7 @@ def test_new_session_gets_the_options():
             fixed = getattr(sys.modules['__main__'], '_FIXED_ARCHIVES', ())
             names = {os.path.basename(path).split('-')[0] for path in fixed}
             return (zipimport.zipimporter.invalidate_caches.__name__,
-                    {'pyspark.zip', 'py4j'} <= names)
+                    {'pyspark.zip', 'py4j', 'spark'} <= names)
 
         jvm_args = sc._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean(
             ).getInputArguments()
@@ -188,7 +188,7 @@ def test_new_session_gets_the_options():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = [line for line in proc.stdout.splitlines() if line.startswith('RESULT')]
     # Python workers fork from the runner's daemon, which imported Beam already and
-    # keeps the directories of PySpark's own archives read once.
+    # keeps the directories of PySpark's and Spark's own archives read once.
     assert result == ['RESULT local[2] bsr-test 3 yes true 0,0 True '
                       "beam_streams_runner.worker.daemon ('_invalidate_caches', True)"
                       ], proc.stdout
