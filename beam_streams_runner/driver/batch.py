@@ -105,7 +105,8 @@ class BatchDriver:
         inputs = []
         for input_id, buffer_id in stage.inputs.items():
             if buffer_id == IMPULSE_BUFFER:
-                inputs.append(impulse_rdd(self.sc, input_id))
+                inputs.append(impulse_rdd(
+                    self.sc, input_id, self.num_partitions if stage.impulse_slices else 0))
             elif buffer_id.startswith(b'group:'):
                 grouping_input = input_id
                 spec = self._worker_plan.groupings[buffer_id]

@@ -32,6 +32,7 @@ from apache_beam.utils import proto_utils
 
 from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
 from beam_streams_runner.translators.bounded_reads import bulk_bounded_reads
+from beam_streams_runner.translators.create_slices import sliced_creates
 from beam_streams_runner.translators.file_writes import batch_file_writes
 from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
 from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains
@@ -90,6 +91,9 @@ class StagePlan:
     # Its first step publishes (see `regions.publishing`): with consistent regions on,
     # its input waits for the cut covering it (`translators/publish_gate`).
     publishes: bool = False
+    # A Create's values read in slices (`translators/create_slices`): batch sends its
+    # Impulse input one impulse per partition.
+    impulse_slices: bool = False
 
     @property
     def display_name(self) -> str:
@@ -361,6 +365,7 @@ def _stage_plan(
         for transform_id, coder_id in input_coders.items():
             key_coders[transform_id] = kv_component_coder_ids(context, coder_id)[0]
     test_stream_outputs = {}
+    impulse_slices = False
     if test_stream is not None:
         # A runner-only stage: the driver feeds its events (see translators/test_stream).
         descriptor = None
@@ -375,6 +380,10 @@ def _stage_plan(
         kind = 'reshuffle'
     else:
         descriptor = manager.process_bundle_descriptor
+        sliced = sliced_creates(descriptor, {input_id for input_id, buffer_id in inputs.items()
+                                             if buffer_id == IMPULSE_BUFFER})
+        impulse_slices = sliced is not None
+        descriptor = sliced or descriptor
         if stateless_chains:
             descriptor = batch_file_writes(fuse_stateless_chains(bulk_bounded_reads(descriptor)))
         descriptor = descriptor.SerializeToString()
@@ -394,7 +403,8 @@ def _stage_plan(
         key_coders=key_coders,
         descriptor=descriptor,
         test_stream=test_stream.spec.payload if test_stream is not None else None,
-        test_stream_outputs=test_stream_outputs)
+        test_stream_outputs=test_stream_outputs,
+        impulse_slices=impulse_slices)
 
 
 def _output_buffer_id(context, stage, transform) -> bytes:
