@@ -92,7 +92,11 @@ def failure_hint(exc: BaseException, step: str | None) -> str:
     named = f"step '{step}'" if step else 'the failed step'
     if any('accessed as a singleton view' in str(e) for e in chain):
         return _SINGLETON + '\n'
-    if isinstance(root, (TypeError, ValueError)) and 'TupleCoderImpl.' in innermost:
+    if isinstance(root, (TypeError, ValueError)) and (
+            'TupleCoderImpl.' in innermost
+            # A chain's output kept per key unpacks each (key, value) itself.
+            or (_qualified_frame_names(root) or [''])[-1].endswith(
+                'KeyedOutputBatches.add_batch')):
         return _NOT_A_PAIR.format(step=named) + '\n'
     # Beam's output handler iterates a DoFn's result; in a stateless chain, the step's
     # `_flat_map` (translators/chain_steps.py) does.

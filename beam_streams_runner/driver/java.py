@@ -38,6 +38,7 @@ from importlib import metadata
 
 __all__ = [
     'JavaNotFoundError',
+    'cache_root',
     'ensure_java',
     'find_java',
     'java_version',
@@ -154,7 +155,8 @@ def _lacks_vector_module(java_home: str) -> bool:
     return bool(match) and _VECTOR_MODULE not in match.group(1).split()
 
 
-def _cache_root() -> str:
+def cache_root() -> str:
+    """The runner's directory in the user's cache (a temporary one if that is not writable)."""
     base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
     root = os.path.join(base, 'beam_streams_runner')
     try:
@@ -174,7 +176,7 @@ def _shim_java_home(java_home: str) -> str:
         return java_home  # already one of ours (JAVA_HOME inherited from an earlier call)
     real_java = os.path.join(java_home, 'bin', 'java')
     digest = hashlib.sha256(java_home.encode()).hexdigest()[:12]
-    shim = os.path.join(_cache_root(), f'java-home-{digest}')
+    shim = os.path.join(cache_root(), f'java-home-{digest}')
     script = (
         '#!/bin/sh\n'
         f'# Made by beam_streams_runner.driver.java: runs {real_java}\n'
@@ -240,8 +242,9 @@ def _usable(version: tuple[int, int, int] | None, supported: tuple[int, ...]) ->
     return version is not None and version[0] in supported
 
 
-def ensure_java() -> None:
+def ensure_java() -> str:
     """Make sure PySpark will start a JVM it supports; set JAVA_HOME when needed.
+    Returns the `java` it will run.
 
     Raises JavaNotFoundError, naming the supported Java versions and how to
     install one, when no usable Java is found.
@@ -278,5 +281,5 @@ def ensure_java() -> None:
                 os.environ['JAVA_HOME'] = java_home
             else:  # a `java` outside a JDK layout: let spark-class take it from PATH
                 os.environ.pop('JAVA_HOME', None)
-        return
+        return java
     raise JavaNotFoundError(_not_found_message(report))

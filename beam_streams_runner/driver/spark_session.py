@@ -20,7 +20,8 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from beam_streams_runner.driver.java import ensure_java
+from beam_streams_runner.driver.java import cache_root, ensure_java
+from beam_streams_runner.driver.jvm_class_cache import class_sharing_options
 from beam_streams_runner.driver.worker_python import (
     PYTHON_CONF,
     check_worker_python,
@@ -138,7 +139,12 @@ def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSes
         if is_local_master(effective_master):
             check_worker_python(*python)
         conf[PYTHON_CONF] = python[0]
-    ensure_java()
+    java = ensure_java()
+    if not submitted and conf['spark.driver.extraJavaOptions'] == _JVM_OPTIONS:
+        # The runner's own driver JVM (not one the user configured): its classes mapped
+        # from the user's cache (see jvm_class_cache).
+        conf['spark.driver.extraJavaOptions'] = ' '.join(filter(None, [
+            _JVM_OPTIONS, class_sharing_options(cache_root(), java, conf)]))
 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
