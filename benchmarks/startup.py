@@ -13,7 +13,9 @@ upper-cased and written as text), the way a user starts one:
   (which starts its SparkSession), and, in a second process, the same in phases: the
   runner's session (`get_or_create_spark`), a first two-task job of plain Python (the
   Python workers start: the runner's daemon imports Beam before it forks them), then
-  the pipeline on that session.
+  the pipeline on that session; `phases, no class archive` the same with the runner's
+  JVM options given by the user, so its driver JVM maps no archive of Spark's classes
+  (`driver/jvm_class_cache.py`; an uncounted first run writes the archive if missing).
 
 The systems take turns in each of `--repeats` rounds, so that a load on the machine
 falls on all of them alike; each figure is the median of its rounds. Each run's output
@@ -38,8 +40,11 @@ from collections.abc import Sequence
 
 from benchmarks.children import REPO_ROOT, child_environment
 
-PYSPARK, DIRECT, SPARK, PHASES = 'PySpark RDD', 'DirectRunner', 'StreamsSparkRunner', 'phases'
-SYSTEMS = (PYSPARK, DIRECT, SPARK, PHASES)
+PYSPARK, DIRECT, SPARK = 'PySpark RDD', 'DirectRunner', 'StreamsSparkRunner'
+PHASES, NO_ARCHIVE = 'phases', 'phases, no class archive'
+SYSTEMS = (PYSPARK, DIRECT, SPARK, PHASES, NO_ARCHIVE)
+# The runner's JVM options set by the user: its driver JVM maps no class archive.
+_OWN_JVM_OPTIONS = '--spark_conf=spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1'
 EXPECTED = ['A', 'B']
 PHASE_FIELDS = ('imports_s', 'session_s', 'first_job_s', 'pipeline_s')
 FIELDS = ('system', 'wall_s', 'x_pyspark', *PHASE_FIELDS, 'output_ok', 'rounds')
@@ -76,8 +81,10 @@ def run_one(system: str, out: str, master: str) -> dict:
         import beam_streams_runner
         runner = beam_streams_runner.StreamsSparkRunner()
         args = [f'--spark_master={master}']
+        if system == NO_ARCHIVE:
+            args.append(_OWN_JVM_OPTIONS)
     lap('imports_s')
-    if system == PHASES:
+    if system in (PHASES, NO_ARCHIVE):
         from beam_streams_runner.driver.spark_session import get_or_create_spark
         spark = get_or_create_spark(PipelineOptions(args), 'startup')
         lap('session_s')
@@ -206,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     runs: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     with tempfile.TemporaryDirectory(prefix='startup-') as work:
+        # Uncounted: leaves the class archive of the runner's driver JVM, if missing.
+        run_process(SPARK, work, args.spark_master, -1)
         for round_no in range(args.repeats):
             for system in SYSTEMS:
                 result = run_process(system, work, args.spark_master, round_no)
