@@ -131,7 +131,8 @@ def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSes
     parallelism = configured_parallelism(options)
     if parallelism is not None:
         conf['spark.default.parallelism'] = str(parallelism)
-    conf.update(parse_spark_conf(options.spark_conf))
+    users = parse_spark_conf(options.spark_conf)
+    conf.update(users)
     effective_master = conf.get('spark.master', master)
     check_master_reachable(effective_master)
     python = worker_python(effective_master, conf)
@@ -140,7 +141,7 @@ def get_or_create_spark(options: StreamsSparkOptions, app_name: str) -> SparkSes
             check_worker_python(*python)
         conf[PYTHON_CONF] = python[0]
     java = ensure_java()
-    if not submitted and conf['spark.driver.extraJavaOptions'] == _JVM_OPTIONS:
+    if not submitted and 'spark.driver.extraJavaOptions' not in users:
         # The runner's own driver JVM (not one the user configured): its classes mapped
         # from the user's cache (see jvm_class_cache).
         conf['spark.driver.extraJavaOptions'] = ' '.join(filter(None, [
