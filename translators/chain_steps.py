@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterator
 
 from apache_beam.internal import pickler
 from apache_beam.metrics.execution import MetricsContainer
-from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners import common
 from apache_beam.transforms import core
@@ -54,6 +54,18 @@ def dofn_info(do_fn: beam_runner_api_pb2.FunctionSpec) -> tuple | None:
         return pickler.loads(core.DoFnInfo.from_runner_api(do_fn, None).serialized_dofn_data())
     except Exception:  # noqa: BLE001 - any failure to unpickle means "not ours"
         return None
+
+
+def with_payloads(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
+                  payloads: dict[str, beam_runner_api_pb2.ParDoPayload]
+                  ) -> beam_fn_api_pb2.ProcessBundleDescriptor:
+    """A copy of `descriptor` whose transforms in `payloads` (by id) have those ParDo
+    payloads: a plan-time swap of a step's DoFn; `descriptor` itself is left as it is."""
+    swapped = beam_fn_api_pb2.ProcessBundleDescriptor()
+    swapped.CopyFrom(descriptor)
+    for transform_id, payload in payloads.items():
+        swapped.transforms[transform_id].spec.payload = payload.SerializeToString()
+    return swapped
 
 
 def has_special_results(outputs: list) -> bool:

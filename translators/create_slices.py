@@ -21,7 +21,7 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
 from apache_beam.transforms import core
 
-from beam_streams_runner.translators.chain_steps import dofn_info
+from beam_streams_runner.translators.chain_steps import dofn_info, with_payloads
 
 _PAR_DO = common_urns.primitives.PAR_DO.urn
 # The FlatMap of Beam's `Create.expand`: its lambda, with the encoded values in its closure.
@@ -62,13 +62,7 @@ def sliced_creates(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
             payload = _sliced_payload(descriptor.transforms[readers[0]])
             if payload is not None:
                 swapped[readers[0]] = payload
-    if not swapped:
-        return None
-    sliced = beam_fn_api_pb2.ProcessBundleDescriptor()
-    sliced.CopyFrom(descriptor)
-    for transform_id, payload in swapped.items():
-        sliced.transforms[transform_id].spec.payload = payload.SerializeToString()
-    return sliced
+    return with_payloads(descriptor, swapped) if swapped else None
 
 
 def _sliced_payload(transform: beam_runner_api_pb2.PTransform

@@ -25,7 +25,7 @@ from apache_beam.io import filebasedsink, iobase, textio
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
-from beam_streams_runner.translators.chain_steps import dofn_info
+from beam_streams_runner.translators.chain_steps import dofn_info, with_payloads
 
 _PAR_DO = common_urns.primitives.PAR_DO.urn
 
@@ -76,13 +76,7 @@ def batch_file_writes(
         payload = _swapped_payload(transform)
         if payload is not None:
             swapped[transform_id] = payload
-    if not swapped:
-        return descriptor
-    batched = beam_fn_api_pb2.ProcessBundleDescriptor()
-    batched.CopyFrom(descriptor)
-    for transform_id, payload in swapped.items():
-        batched.transforms[transform_id].spec.payload = payload.SerializeToString()
-    return batched
+    return with_payloads(descriptor, swapped) if swapped else descriptor
 
 
 def _swapped_payload(transform: beam_runner_api_pb2.PTransform
