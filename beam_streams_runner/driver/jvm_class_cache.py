@@ -49,8 +49,7 @@ def class_sharing_options(cache_dir: str, java: str, conf: Mapping[str, str]) ->
     try:
         os.makedirs(directory, exist_ok=True)
         archive = os.path.join(directory, f'spark-{_key(java, conf)}.jsa')
-        if not os.path.exists(archive):
-            _promote(archive)
+        _promote(archive)
     except (OSError, TypeError) as exc:  # an unwritable cache, no java file
         _LOGGER.debug('No JVM class archive (%s).', exc)
         return ''
@@ -70,7 +69,9 @@ def _key(java: str, conf: Mapping[str, str]) -> str:
 
 
 def _promote(archive: str) -> None:
-    """Renames a finished `.part` of `archive` to it; removes abandoned ones."""
+    """Renames a finished `.part` of `archive` to it if there is no archive yet; removes
+    the other finished ones (JVMs that started before the archive was there write theirs
+    at exit too) and abandoned ones."""
     for part in sorted(glob.glob(f'{archive}.*.part'), key=os.path.getmtime, reverse=True):
         if is_finished(part) and not os.path.exists(archive):
             os.replace(part, archive)

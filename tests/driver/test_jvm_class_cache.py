@@ -50,6 +50,10 @@ def test_a_finished_part_is_promoted_and_mapped(tmp_path):
     assert options.split()[0] == f'-XX:SharedArchiveFile={archive}'
     assert is_finished(archive)
     assert os.listdir(_archive_dir(tmp_path)) == [os.path.basename(archive)]
+    # A JVM that started before the archive was there writes its own at exit: removed.
+    _write(f'{archive}.3.part', _FINISHED)
+    assert class_sharing_options(str(tmp_path), find_java(), {}) == options
+    assert os.listdir(_archive_dir(tmp_path)) == [os.path.basename(archive)]
 
 
 def test_an_unfinished_part_is_never_mapped(tmp_path):
