@@ -31,7 +31,7 @@ import collections
 import itertools
 
 from apache_beam.internal import pickler
-from apache_beam.portability import common_urns, python_urns
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners import common
 from apache_beam.runners.worker import bundle_processor, operation_specs, operations
@@ -39,7 +39,11 @@ from apache_beam.transforms import core
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner.translators import chain_steps
-from beam_streams_runner.translators.chain_steps import ParDoStep, dofn_info, has_special_results
+from beam_streams_runner.translators.chain_steps import (
+    ParDoStep,
+    has_special_results,
+    pickled_par_do,
+)
 from beam_streams_runner.translators.read import (
     _CHECKPOINT_FRACTION,
     BOUNDED_READ_URN,
@@ -98,12 +102,11 @@ def is_bounded_source_reader(transform: beam_runner_api_pb2.PTransform) -> bool:
     if (transform.spec.urn != _PROCESS_SIZED or len(transform.inputs) != 1
             or len(transform.outputs) != 1):
         return False
-    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO or payload.side_inputs:
+    par_do = pickled_par_do(transform, _PROCESS_SIZED)
+    if par_do is None or par_do[0].side_inputs:
         return False
-    info = dofn_info(payload.do_fn)
-    return info is not None and (
-        (type(info[0]).__module__, type(info[0]).__qualname__) == _BOUNDED_READER)
+    fn = par_do[1][0]
+    return (type(fn).__module__, type(fn).__qualname__) == _BOUNDED_READER
 
 
 # Worker side -------------------------------------------------------------------------

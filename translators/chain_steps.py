@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterator
 
 from apache_beam.internal import pickler
 from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners import common
@@ -45,6 +46,7 @@ _SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
 # A chain runs over batches of this many input elements (and what is left at the end
 # of a bundle): per-step costs (its scoped state, its error tagging) are paid per batch.
 FLUSH_AT = 1000
+_PAR_DO = common_urns.primitives.PAR_DO.urn
 
 
 def dofn_info(do_fn: beam_runner_api_pb2.FunctionSpec) -> tuple | None:
@@ -54,6 +56,19 @@ def dofn_info(do_fn: beam_runner_api_pb2.FunctionSpec) -> tuple | None:
         return pickler.loads(core.DoFnInfo.from_runner_api(do_fn, None).serialized_dofn_data())
     except Exception:  # noqa: BLE001 - any failure to unpickle means "not ours"
         return None
+
+
+def pickled_par_do(transform: beam_runner_api_pb2.PTransform, urn: str = _PAR_DO
+                   ) -> tuple[beam_runner_api_pb2.ParDoPayload, tuple] | None:
+    """The payload and `dofn_info` of a ParDo (spec `urn`) whose DoFn is a pickled Python
+    one; None for any other transform, or a DoFn that cannot be read."""
+    if transform.spec.urn != urn:
+        return None
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
+        return None
+    info = dofn_info(payload.do_fn)
+    return None if info is None else (payload, info)
 
 
 def with_payloads(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from apache_beam.coders import coders
 from apache_beam.internal import pickler
-from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import ENCODED_IMPULSE_VALUE
 from apache_beam.transforms import core
 
-from beam_streams_runner.translators.chain_steps import dofn_info, with_payloads
+from beam_streams_runner.translators.chain_steps import pickled_par_do, with_payloads
 
-_PAR_DO = common_urns.primitives.PAR_DO.urn
 # The FlatMap of Beam's `Create.expand`: its lambda, with the encoded values in its closure.
 _CREATE_VALUES = ('apache_beam.transforms.core', 'Create.expand.<locals>.<lambda>')
 # Shorter lists stay with one task: slicing them would only add tasks.
@@ -67,13 +65,11 @@ def sliced_creates(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
 
 def _sliced_payload(transform: beam_runner_api_pb2.PTransform
                     ) -> beam_runner_api_pb2.ParDoPayload | None:
-    if transform.spec.urn != _PAR_DO:
+    par_do = pickled_par_do(transform)
+    if par_do is None:
         return None
-    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO or payload.side_inputs:
-        return None
-    info = dofn_info(payload.do_fn)
-    if info is None or type(info[0]) is not core.CallableWrapperDoFn:
+    payload, info = par_do
+    if payload.side_inputs or type(info[0]) is not core.CallableWrapperDoFn:
         return None
     fn = info[0]._fn
     closure = getattr(fn, '__closure__', None) or ()

@@ -22,12 +22,9 @@ import uuid
 
 from apache_beam.internal import pickler
 from apache_beam.io import filebasedsink, iobase, textio
-from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
-from beam_streams_runner.translators.chain_steps import dofn_info, with_payloads
-
-_PAR_DO = common_urns.primitives.PAR_DO.urn
+from beam_streams_runner.translators.chain_steps import pickled_par_do, with_payloads
 
 
 class RecordBatch(list):
@@ -81,28 +78,17 @@ def batch_file_writes(
 
 def _swapped_payload(transform: beam_runner_api_pb2.PTransform
                      ) -> beam_runner_api_pb2.ParDoPayload | None:
-    fn_and_args = _pickled_dofn(transform)
-    if fn_and_args is None:
+    par_do = pickled_par_do(transform)
+    if par_do is None:
         return None
-    fn, *rest = fn_and_args
+    payload, (fn, *rest) = par_do
     sink = getattr(fn, 'sink', None)
     if (type(fn) is not iobase._WriteBundleDoFn
             or not isinstance(sink, filebasedsink.FileBasedSink)
             or sink.max_records_per_shard or sink.max_bytes_per_shard):
         return None
-    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     payload.do_fn.payload = pickler.dumps((BatchWriteBundleDoFn(sink), *rest))
     return payload
-
-
-def _pickled_dofn(transform: beam_runner_api_pb2.PTransform) -> tuple | None:
-    """(fn, args, kwargs, side inputs, windowing) of a ParDo's pickled DoFn, else None."""
-    if transform.spec.urn != _PAR_DO:
-        return None
-    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
-        return None
-    return dofn_info(payload.do_fn)
 
 
 # Worker side -------------------------------------------------------------------------
@@ -125,5 +111,5 @@ class FileWriteBatches:
 
 def is_batch_file_write(transform: beam_runner_api_pb2.PTransform) -> bool:
     """Whether `transform` runs a `BatchWriteBundleDoFn` (see `batch_file_writes`)."""
-    fn_and_args = _pickled_dofn(transform)
-    return fn_and_args is not None and type(fn_and_args[0]) is BatchWriteBundleDoFn
+    par_do = pickled_par_do(transform)
+    return par_do is not None and type(par_do[1][0]) is BatchWriteBundleDoFn

@@ -50,7 +50,7 @@ from beam_streams_runner.records import (
 )
 from beam_streams_runner.translators import window_end_panes
 from beam_streams_runner.translators.grouped_inputs import GroupedPanes, global_pane
-from beam_streams_runner.translators.keyed_outputs import KeyedValues, routed
+from beam_streams_runner.translators.keyed_outputs import KeyedValues, add_groups, routed
 from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import Bundle, Operator
 
@@ -230,12 +230,7 @@ class GroupByKeyOperator(Operator):
         buffers = self._buffers
         for _, chunk in bundle:
             if type(chunk) is KeyedValues:  # only given to a trivial grouping
-                for encoded, (key, values) in chunk.items():
-                    entry = buffers.get(encoded)
-                    if entry is None:
-                        buffers[encoded] = (key, values)
-                    else:
-                        entry[1].extend(values)
+                add_groups(buffers, chunk.items())
             elif self._trivial and self._kv_chunks is not None:
                 self._add_values(chunk)
             else:

@@ -23,7 +23,7 @@ side take both forms.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from apache_beam.coders import coders
 from apache_beam.runners.worker import bundle_processor
@@ -103,15 +103,22 @@ class KeyedOutputBatches:
         """What the bundle added (None if nothing), the batches emptied."""
         groups, self._groups = self._groups, KeyedValues()
         encode_key = self._encode_key
-        for key, values in self._plain.items():
-            encoded = encode_key(key)
-            entry = groups.get(encoded)
-            if entry is None:
-                groups[encoded] = (key, values)
-            else:  # another type's key with the same bytes: one key to Beam
-                entry[1].extend(values)
+        # Another type's key with the same bytes is one key to Beam: merged.
+        add_groups(groups, ((encode_key(key), (key, values))
+                            for key, values in self._plain.items()))
         self._plain = {}
         return groups or None
+
+
+def add_groups(target: dict, groups: Iterable[tuple[bytes, tuple[object, list]]]) -> None:
+    """Adds `groups` ((encoded key, (key, values)) pairs) to `target`, a dict of the same
+    shape: a key's values after those it holds; a new key's list is taken, not copied."""
+    for encoded, (key, values) in groups:
+        entry = target.get(encoded)
+        if entry is None:
+            target[encoded] = (key, values)
+        else:
+            entry[1].extend(values)
 
 
 def keep_keyed(processor: bundle_processor.BundleProcessor,

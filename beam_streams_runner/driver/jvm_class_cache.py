@@ -73,10 +73,11 @@ def _promote(archive: str) -> None:
     the other finished ones (JVMs that started before the archive was there write theirs
     at exit too) and abandoned ones."""
     for part in sorted(glob.glob(f'{archive}.*.part'), key=os.path.getmtime, reverse=True):
-        if is_finished(part) and not os.path.exists(archive):
+        finished = is_finished(part)
+        if finished and not os.path.exists(archive):
             os.replace(part, archive)
             _LOGGER.info('JVM classes are shared from %s from now on.', archive)
-        elif is_finished(part) or time.time() - os.path.getmtime(part) > _ABANDONED_S:
+        elif finished or time.time() - os.path.getmtime(part) > _ABANDONED_S:
             os.remove(part)
 
 

@@ -16,7 +16,6 @@ from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.errors import StageExecutionError, stage_failures_named
 from beam_streams_runner.records import MAX_WATERMARK, Record
 from beam_streams_runner.translators.group_by_key import GroupByKeyOperator
-from beam_streams_runner.translators.keyed_outputs import groupable
 from beam_streams_runner.translators.kv_chunks import KvChunks
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
@@ -60,9 +59,7 @@ def _keyed_outputs(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan
     keyed = {}
     for transform_id, buffer_id in stage.outputs.items():
         spec = plan.groupings.get(buffer_id)
-        if spec is not None and groupable(runtime.coder(spec.input_coder_id),
-                                          runtime.coder(spec.key_coder_id),
-                                          spec.windowing(runtime)):
+        if spec is not None and spec.takes_objects(runtime):
             keyed[transform_id] = runtime.coder_impl(spec.key_coder_id)
     return keyed
 
@@ -70,12 +67,10 @@ def _keyed_outputs(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan
 def _grouped(runtime: WorkerRuntime, plan: WorkerPlan, stage: StagePlan, input_id: str,
              records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
     spec = plan.groupings[stage.inputs[input_id]]
-    windowing = spec.windowing(runtime)
-    input_coder, key_coder = runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)
     operator = GroupByKeyOperator(
-        spec.coders(runtime), windowing, input_id, plan.bundle_size,
-        KvChunks.of(input_coder, key_coder),
-        hands_panes=groupable(input_coder, key_coder, windowing))
+        spec.coders(runtime), spec.windowing(runtime), input_id, plan.bundle_size,
+        KvChunks.of(runtime.coder(spec.input_coder_id), runtime.coder(spec.key_coder_id)),
+        hands_panes=spec.takes_objects(runtime))
     try:
         for record in records:
             operator.process_bundle([record])

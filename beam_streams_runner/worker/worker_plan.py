@@ -12,6 +12,7 @@ import sys
 
 from beam_streams_runner.driver.plan import StagePlan
 from beam_streams_runner.translators.group_by_key import GroupingCoders
+from beam_streams_runner.translators.keyed_outputs import groupable
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 
@@ -36,6 +37,12 @@ class GroupingSpec:
     def windowing(self, runtime: WorkerRuntime):
         """Beam's `Windowing` of the grouped PCollection."""
         return runtime.context.windowing_strategies.get_by_id(self.windowing_strategy_id)
+
+    def takes_objects(self, runtime: WorkerRuntime) -> bool:
+        """Whether its input may arrive as `KeyedValues` and its panes leave as
+        `GroupedPanes` (`keyed_outputs.groupable`)."""
+        return groupable(runtime.coder(self.input_coder_id), runtime.coder(self.key_coder_id),
+                         self.windowing(runtime))
 
 
 @dataclasses.dataclass
