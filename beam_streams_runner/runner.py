@@ -50,6 +50,7 @@ from beam_streams_runner.options import (
 from beam_streams_runner.regions.file_sinks import REPUBLISH_SAFE_FILE_SINKS
 from beam_streams_runner.regions.publishing import publishing_steps
 from beam_streams_runner.result import StreamsSparkPipelineResult
+from beam_streams_runner.translators.file_commits import commit_batch_file_writes
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ def plan_pipeline(pipeline: Pipeline, options: PipelineOptions, is_drain: bool =
     pipeline.visit(group_by_key_input_visitor(
         not options.view_as(TypeOptions).allow_non_deterministic_key_coders))
     pipeline.replace_all(REPUBLISH_SAFE_FILE_SINKS)
+    commit_batch_file_writes(pipeline, options.view_as(StandardOptions).streaming)
     try:
         proto = pipeline.to_runner_api(
             default_environment=environments.EmbeddedPythonEnvironment.default())

@@ -103,8 +103,8 @@ def run_pipeline(build: Builder, runner, out_dir: str, args: Sequence[str] = (),
     """Runs `build` on `runner`; returns each output's sorted text lines.
 
     All outputs go to one `WriteToText` (each line prefixed by its output's
-    name): every file sink costs the runner a few Spark jobs (its finalization
-    reads side inputs), so one sink per pipeline keeps the tests fast.
+    name): every file sink costs the runner a Spark job of its own (its files are
+    committed after it), so one sink per pipeline keeps the tests fast.
     """
     options = PipelineOptions(list(args))
     with beam.Pipeline(runner=runner, options=options) as p:

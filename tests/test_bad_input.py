@@ -379,7 +379,7 @@ RULE_CASES = [
          (r"^Beam step 'ToAny' failed: TypeError", r'is not a \(key, value\) pair'),
          (r'Output 2-tuples', r'beam\.WithKeys'), spark=True),
     Case('sink-path-not-writable', _write_under_a_file, PipelineExecutionError,
-         (r"^Beam step 'Write/Write/WriteImpl/InitializeWrite' failed",
+         (r"^Beam step 'Write/Write/WriteImpl/WriteBundles' failed",
           r'Not a directory: \S*results\.txt/'),
          (r'The sink cannot create its files there',
           r"the user running Spark's workers may write to it"), spark=True),

@@ -112,4 +112,4 @@ class FileWriteBatches:
 def is_batch_file_write(transform: beam_runner_api_pb2.PTransform) -> bool:
     """Whether `transform` runs a `BatchWriteBundleDoFn` (see `batch_file_writes`)."""
     par_do = pickled_par_do(transform)
-    return par_do is not None and type(par_do[1][0]) is BatchWriteBundleDoFn
+    return par_do is not None and isinstance(par_do[1][0], BatchWriteBundleDoFn)

@@ -32,6 +32,8 @@ from beam_streams_runner.driver.plan import IMPULSE_BUFFER, PipelinePlan, StageP
 from beam_streams_runner.driver.stage_kinds import stage_builder
 from beam_streams_runner.errors import spark_failures_as_pipeline_errors
 from beam_streams_runner.metrics import MetricTotals, MetricTotalsAccumulator
+from beam_streams_runner.records import decode_with_raw
+from beam_streams_runner.translators.file_commits import commit_files
 from beam_streams_runner.translators.impulse import impulse_rdd
 from beam_streams_runner.translators.side_inputs import side_input_state
 from beam_streams_runner.worker import batch_tasks, shuffles
@@ -144,6 +146,25 @@ class BatchDriver:
                 (chunk for _, chunk in records))
 
         return reshuffled(self._buffer(buffer_id), stage, self.num_partitions, deal)
+
+    def _committed_files(self, stage: StagePlan) -> RDD | None:
+        """Runs the job that writes a file sink's files, then commits them here
+        (`translators/file_commits`); the final files' names, where something reads
+        them."""
+        (input_id, buffer_id), = stage.inputs.items()
+        self.sc.setJobDescription(f'Beam pipeline: {stage.display_name}'[:900])
+        self._on_progress(f'writing the files of {", ".join(stage.step_names)}')
+        chunks = self._buffer(buffer_id).values().collect()
+        runtime = self._worker_plan.runtime()
+        results = [wv.value for chunk in chunks for wv, _ in decode_with_raw(
+            runtime.coder_impl(stage.input_coders[input_id]), chunk)]
+        finals = commit_files(stage.commit_files, results)
+        if not stage.outputs or self._uses[stage.name] == 0:
+            return None
+        (output_id, output_buffer), = stage.outputs.items()
+        impl = runtime.coder_impl(stage.output_coders[output_id])
+        return self.sc.parallelize(
+            [(output_buffer, b''.join(impl.encode_nested(v) for v in finals))], 1)
 
     def _shuffled(self, buffer: RDD, input_id: str, partition_fn) -> RDD:
         return buffer.mapPartitions(partition_fn).partitionBy(

@@ -33,6 +33,7 @@ from apache_beam.utils import proto_utils
 from beam_streams_runner.errors import NonDeterministicKeyCoderError, UnsupportedFeatureError
 from beam_streams_runner.translators.bounded_reads import bulk_bounded_reads
 from beam_streams_runner.translators.create_slices import sliced_creates
+from beam_streams_runner.translators.file_commits import COMMIT_FILES_URN
 from beam_streams_runner.translators.file_writes import batch_file_writes
 from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
 from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains
@@ -44,6 +45,7 @@ RUNNER_PRIMITIVES = frozenset([
     common_urns.primitives.GROUP_BY_KEY.urn,
     RESHUFFLE_URN,
     TEST_STREAM_URN,
+    COMMIT_FILES_URN,
 ])
 
 PHASES = [
@@ -74,7 +76,9 @@ class StagePlan:
 
     name: str
     index: int
-    kind: str  # 'sdk' (runs in the SDK harness), 'reshuffle' or 'test_stream' (runner-only)
+    # 'sdk' (runs in the SDK harness); runner-only: 'reshuffle', 'test_stream',
+    # 'commit_files'
+    kind: str
     step_names: list[str]
     inputs: dict[str, bytes]  # DATA_INPUT transform id -> buffer id
     outputs: dict[str, bytes]  # DATA_OUTPUT transform id -> buffer id
@@ -87,6 +91,8 @@ class StagePlan:
     descriptor: bytes | None  # serialized ProcessBundleDescriptor ('sdk' stages)
     # 'test_stream' stages: the TestStreamPayload, and output tag -> DATA_OUTPUT id.
     test_stream: bytes | None = None
+    # 'commit_files' stages: the sink and its temporary directory (`file_commits`).
+    commit_files: bytes | None = None
     test_stream_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     # Its first step publishes (see `regions.publishing`): with consistent regions on,
     # its input waits for the cut covering it (`translators/publish_gate`).
@@ -328,6 +334,7 @@ def _stage_plan(
     output_coders: dict[str, str] = {}
     is_reshuffle = any(t.spec.urn == RESHUFFLE_URN for t in stage.transforms)
     test_stream = next((t for t in stage.transforms if t.spec.urn == TEST_STREAM_URN), None)
+    commit = next((t for t in stage.transforms if t.spec.urn == COMMIT_FILES_URN), None)
     for transform in stage.transforms:
         if transform.spec.urn == bundle_processor.DATA_INPUT_URN:
             buffer_id = context.input_transform_to_buffer_id[transform.unique_name]
@@ -374,10 +381,10 @@ def _stage_plan(
                    if t.spec.urn == bundle_processor.DATA_OUTPUT_URN}
         test_stream_outputs = {tag: writers[pcoll] for tag, pcoll in test_stream.outputs.items()
                                if pcoll in writers}
-    elif is_reshuffle:
+    elif is_reshuffle or commit is not None:
         # A runner-only stage: the SDK harness never sees it.
         descriptor = None
-        kind = 'reshuffle'
+        kind = 'reshuffle' if is_reshuffle else 'commit_files'
     else:
         descriptor = manager.process_bundle_descriptor
         sliced = sliced_creates(descriptor, {input_id for input_id, buffer_id in inputs.items()
@@ -404,6 +411,7 @@ def _stage_plan(
         descriptor=descriptor,
         test_stream=test_stream.spec.payload if test_stream is not None else None,
         test_stream_outputs=test_stream_outputs,
+        commit_files=commit.spec.payload if commit is not None else None,
         impulse_slices=impulse_slices)
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 class StageKind(NamedTuple):
     batch: str | None  # BatchDriver method: (stage) -> RDD | None
-    streaming: str  # StreamingDriver method: (stage, epoch job) -> RDD | None
+    streaming: str | None  # StreamingDriver method: (stage, epoch job) -> RDD | None
     reports: bool  # its partitions send PartitionReports
     finishes: bool  # it can finish before the pipeline does
 
@@ -31,6 +31,9 @@ STAGE_KINDS: dict[str, StageKind] = {
     # A runner-only source whose events drive the streaming driver's epochs.
     'test_stream': StageKind(batch=None, streaming='_test_stream_rdd', reports=False,
                              finishes=False),
+    # A batch file sink's commit, run by the driver after its files are written.
+    'commit_files': StageKind(batch='_committed_files', streaming=None, reports=False,
+                              finishes=True),
 }
 
 
@@ -39,5 +42,5 @@ def stage_builder(driver: object, kind: str, streaming: bool) -> Callable:
     row = STAGE_KINDS[kind]
     name = row.streaming if streaming else row.batch
     if name is None:
-        raise ValueError(f'A {kind!r} stage cannot run in batch')
+        raise ValueError(f'A {kind!r} stage cannot run in {"streaming" if streaming else "batch"}')
     return getattr(driver, name)

@@ -129,8 +129,8 @@ def planned_functions(pipeline: beam.Pipeline) -> set[str]:
 
 
 def test_the_runner_plans_the_republish_safe_steps(tmp_path):
-    """A streaming WriteToText is planned with the three replaced steps; a batch one
-    keeps Beam's own (its finalize has no window)."""
+    """A streaming WriteToText is planned with the three replaced steps; a batch one is
+    committed by the driver (`translators/file_commits`), without a windowed step."""
     p = beam.Pipeline(options=PipelineOptions(['--streaming']))
     (p | PeriodicImpulse(0, 10, 1) | beam.Map(str)
      | beam.io.WriteToText(str(tmp_path / 'part'), triggering_frequency=1))
@@ -142,4 +142,4 @@ def test_the_runner_plans_the_republish_safe_steps(tmp_path):
     batch = beam.Pipeline(options=PipelineOptions([]))
     batch | beam.Create(['a']) | beam.io.WriteToText(str(tmp_path / 'batch'))
     names = planned_functions(batch)
-    assert '_finalize_write' in names and 'finalize_windowed_write' not in names, names
+    assert 'CommittedWriteBundleDoFn' in names and 'finalize_windowed_write' not in names, names
