@@ -137,7 +137,14 @@ class BatchDriver:
     def _reshuffled(self, stage: StagePlan) -> RDD | None:
         if not stage.outputs:
             return None  # Nothing reads this reshuffle's output.
-        (_, buffer_id), = stage.inputs.items()
+        (input_id, buffer_id), = stage.inputs.items()
+        (output_id, output_buffer), = stage.outputs.items()
+        producers = self.plan.producers(buffer_id)
+        if (producers and all(s.impulse_slices for s in producers)
+                and stage.input_coders[input_id] == stage.output_coders[output_id]):
+            # A Create read in slices is spread over the partitions already: its
+            # Reshuffle would only move each slice to another task.
+            return self._buffer(buffer_id).map(retag(output_buffer))
         plan_bc = self._plan_bc
 
         def deal(input_coder, output_coder, output_buffer, index, records):

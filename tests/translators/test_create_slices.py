@@ -101,3 +101,28 @@ def test_long_creates_give_the_direct_runners_results(assert_same_as_direct):
         }
     out = assert_same_as_direct(build)
     assert len(out['ints']) == 3 * SLICED_FROM and len(out['kept']) == SLICED_FROM + 7
+
+
+def test_a_sliced_creates_reshuffle_moves_nothing(spark_session, tmp_path):
+    """In batch the slices are spread over the partitions already: the Create's own
+    Reshuffle passes them on without a shuffle; a short Create's still shuffles."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_streams_runner.driver.batch import BatchDriver
+    from beam_streams_runner.runner import plan_pipeline
+
+    p = beam.Pipeline(options=PipelineOptions([]))
+    _ = p | 'Long' >> beam.Create(range(2 * SLICED_FROM)) | 'L' >> beam.Map(lambda x: x)
+    _ = p | 'Short' >> beam.Create(['a', 'b']) | 'S' >> beam.Map(lambda x: x)
+    _, plan, _ = plan_pipeline(p, p.options)
+    try:
+        driver = BatchDriver(spark_session.sparkContext, plan, bundle_size=1000,
+                             num_partitions=2)
+        driver.run()
+        shuffled = {
+            stage.step_names[0].split('/')[0]: 'partitionBy' in
+            driver._stage_rdds[stage.name].toDebugString().decode()
+            for stage in plan.stages if stage.kind == 'reshuffle'}
+    finally:
+        plan.close()
+    assert shuffled == {'Long': False, 'Short': True}
