@@ -50,7 +50,7 @@ class CommittedWriteBundleDoFn(BatchWriteBundleDoFn):
         super().__init__(sink)
         self.temp_dir = temp_dir
 
-    def process(self, element, init_result=None):
+    def process(self, element):
         if self.writer is None:
             make_dir(self.temp_dir)
         return super().process(element, self.temp_dir)
