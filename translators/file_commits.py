@@ -7,7 +7,7 @@ writer reads, the WriteBundles of the data, a GroupByKey of the written files to
 place, PreFinalize and FinalizeWrite. On Spark that is four jobs, three of them of one
 tiny task each (half a second of a word count's four). Spark's own `saveAsTextFile`
 has tasks write temporary files and the driver commit them after the job (Hadoop's
-commit protocol); `COMMITTED_FILE_WRITES` does the same with the sink's own code:
+commit protocol); `commit_batch_file_writes` does the same with the sink's own code:
 
 * the temporary directory is named at plan time, as the sink's `_create_temp_dir`
   names it, and made by the first writer that needs it;
@@ -83,7 +83,7 @@ class CommitFiles(ptransform.PTransform):
 
 
 class CommittedFileWrite(ptransform.PTransform):
-    """What `COMMITTED_FILE_WRITES` puts in a `WriteImpl`'s place."""
+    """What `commit_batch_file_writes` puts in a `WriteImpl`'s place."""
 
     def __init__(self, sink: filebasedsink.FileBasedSink) -> None:
         super().__init__()

@@ -163,8 +163,8 @@ class BatchDriver:
         self._on_progress(f'writing the files of {", ".join(stage.step_names)}')
         chunks = self._buffer(buffer_id).values().collect()
         runtime = self._worker_plan.runtime()
-        results = [wv.value for chunk in chunks for wv, _ in decode_with_raw(
-            runtime.coder_impl(stage.input_coders[input_id]), chunk)]
+        written = runtime.coder_impl(stage.input_coders[input_id])
+        results = [wv.value for chunk in chunks for wv, _ in decode_with_raw(written, chunk)]
         finals = commit_files(stage.commit_files, results)
         if not stage.outputs or self._uses[stage.name] == 0:
             return None

@@ -91,9 +91,9 @@ class StagePlan:
     descriptor: bytes | None  # serialized ProcessBundleDescriptor ('sdk' stages)
     # 'test_stream' stages: the TestStreamPayload, and output tag -> DATA_OUTPUT id.
     test_stream: bytes | None = None
+    test_stream_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     # 'commit_files' stages: the sink and its temporary directory (`file_commits`).
     commit_files: bytes | None = None
-    test_stream_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     # Its first step publishes (see `regions.publishing`): with consistent regions on,
     # its input waits for the cut covering it (`translators/publish_gate`).
     publishes: bool = False
