@@ -41,7 +41,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 # Results that are not plain values: Beam's output handler treats each specially.
-_SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
+SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
 
 # A chain runs over batches of this many input elements (and what is left at the end
 # of a bundle): per-step costs (its scoped state, its error tagging) are paid per batch.
@@ -85,7 +85,7 @@ def with_payloads(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
 
 def has_special_results(outputs: list) -> bool:
     """Whether any of `outputs` is a TaggedOutput, WindowedValue or TimestampedValue."""
-    return any(issubclass(t, _SPECIAL_RESULTS) for t in set(map(type, outputs)))
+    return any(issubclass(t, SPECIAL_RESULTS) for t in set(map(type, outputs)))
 
 
 class ChainStep:
@@ -121,6 +121,11 @@ class ChainStep:
 
     def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forgets the bundle that ended: its metrics, its element count."""
+        self.metrics_container.reset()
+        self.elements = 0
 
     def fail(self, exn: BaseException) -> None:
         """Re-raises `exn` naming this step, as Beam's DoFnRunner does."""
@@ -176,11 +181,11 @@ class ParDoStep(ChainStep):
             results = process(value)
             if check:
                 check = self.check_output = False
-                _check_result_type(results)
+                check_result_type(results)
             if results is None:
                 continue
             for result in results:
-                if isinstance(result, _SPECIAL_RESULTS):
+                if isinstance(result, SPECIAL_RESULTS):
                     result = special(base, result)
                     if result is None:
                         continue
@@ -201,7 +206,7 @@ class ParDoStep(ChainStep):
         TimestampedValues among them as Beam's output handler takes them."""
         out_values, out_bases = [], []
         for result, base in zip(outputs, bases, strict=True):
-            if isinstance(result, _SPECIAL_RESULTS):
+            if isinstance(result, SPECIAL_RESULTS):
                 result = self.special(base, result)
                 if result is not None:
                     out_values.append(result.value)
@@ -359,7 +364,7 @@ def integer_assign(window_fn: WindowFn
     return None
 
 
-def _check_result_type(results) -> None:
+def check_result_type(results) -> None:
     if isinstance(results, (str, bytes, dict)):
         raise TypeError(
             f'Returning a {type(results).__name__} from a ParDo or FlatMap is not allowed. '

@@ -53,6 +53,7 @@ from beam_streams_runner.errors import StreamsSparkRunnerError, UnsupportedFeatu
 from beam_streams_runner.records import MAX_WATERMARK, Record, decode_with_raw
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.pending_states_graph import PendingStatesGraph
+from beam_streams_runner.translators.stateless_chain import descriptor_steps
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
@@ -88,7 +89,7 @@ class SideInputGate:
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self._stage.descriptor)
         context = pipeline_context.PipelineContext(descriptor)
         main_inputs: dict[str, str] = {}  # main-input PCollection -> reading ParDo
-        for transform_id, transform in descriptor.transforms.items():
+        for transform_id, transform in descriptor_steps(descriptor):
             if transform.spec.urn not in PAR_DO_URNS:
                 continue
             payload = proto_utils.parse_Bytes(

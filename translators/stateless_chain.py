@@ -11,14 +11,16 @@ batch (`chain_steps`: the values in a list, each with the WindowedValue whose wi
 timestamp and pane it carries, untouched until a step changes them; a FlatMap hands its
 outputs on in batches too, so one element's million outputs never pile up).
 
-A step joins a chain when Beam's harness would call its DoFn through its
-`SimpleInvoker`: a ParDo with one input and one output whose DoFn is not stateful nor
-splittable, takes no side inputs, extra arguments or DoFn parameters, defines no
-`finish_bundle` (it could output) nor `process_batch` and yields no batches, asks for no
-bundle finalization and carries no runtime type checks; or a WindowInto. Everything else
-keeps the harness. What stays per step: its user metrics (reported under its transform
-id), its output element count (the streaming progress), `setup`/`start_bundle`/
-`teardown`, and its name in errors, as Beam's DoFnRunner gives it.
+A step joins a chain when Beam's harness would call its DoFn without asking it for
+more than its element, its extra arguments and its side inputs: a ParDo with one main
+input and one output whose DoFn is not stateful nor splittable, takes no DoFn
+parameters, defines no `finish_bundle` (it could output) nor `process_batch` and yields
+no batches, asks for no bundle finalization and carries no runtime type checks; or a
+WindowInto. A step with extra arguments or side inputs is `chain_arguments`' (its side
+inputs read once per window and bundle). Everything else keeps the harness. What stays
+per step: its user metrics (reported under its transform id), its output element count
+(the streaming progress), `setup`/`start_bundle`/`teardown`, and its name in errors, as
+Beam's DoFnRunner gives it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from apache_beam.transforms import core
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_streams_runner.translators import chain_steps
+from beam_streams_runner.translators.chain_arguments import ArgumentsParDoStep, side_input_maps
 from beam_streams_runner.translators.chain_steps import (
     AssignWindowsStep,
     ChainStep,
@@ -69,10 +72,12 @@ def fuse_stateless_chains(
 
     def successor(transform_id: str) -> str | None:
         # Only a step whose output nothing else reads (no other step, data output or
-        # side input) hands it on inside the chain.
+        # side input) hands it on inside the chain, to a step reading it as its main input.
         (output,) = transforms[transform_id].outputs.values()
         readers = consumers.get(output, [])
-        return readers[0] if len(readers) == 1 and readers[0] in chainable else None
+        if len(readers) != 1 or readers[0] not in chainable:
+            return None
+        return readers[0] if main_input(transforms[readers[0]]) == output else None
 
     continued = {s for tid in chainable if (s := successor(tid)) is not None}
     fused = beam_fn_api_pb2.ProcessBundleDescriptor()
@@ -97,7 +102,7 @@ def _replace_chain(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
         unique_name=f"StatelessChain({', '.join(s.unique_name for s in steps)})",
         spec=beam_runner_api_pb2.FunctionSpec(
             urn=STATELESS_CHAIN_URN, payload=payload.SerializeToString()),
-        inputs={'in': next(iter(steps[0].inputs.values()))},
+        inputs={'in': main_input(steps[0])},
         outputs={'out': next(iter(steps[-1].outputs.values()))},
         environment_id=steps[0].environment_id)
     for tid in chain:
@@ -105,16 +110,28 @@ def _replace_chain(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
     descriptor.transforms[chain_id].CopyFrom(replacement)
 
 
+def main_input(transform: beam_runner_api_pb2.PTransform) -> str:
+    """The PCollection a step reads as its main input (a ParDo's other inputs are its
+    side inputs)."""
+    side_inputs = ()
+    if transform.spec.urn == _PAR_DO:
+        side_inputs = beam_runner_api_pb2.ParDoPayload.FromString(
+            transform.spec.payload).side_inputs
+    return next(pc for tag, pc in transform.inputs.items() if tag not in side_inputs)
+
+
 def is_chainable(transform: beam_runner_api_pb2.PTransform) -> bool:
     """Whether a fused step can run inside a stateless chain (see the module doc)."""
-    if len(transform.inputs) != 1 or len(transform.outputs) != 1:
+    if len(transform.outputs) != 1:
         return False
     if transform.spec.urn == _ASSIGN_WINDOWS:
-        return True
+        return len(transform.inputs) == 1
     if transform.spec.urn != _PAR_DO:
         return False
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    if (payload.side_inputs or payload.state_specs or payload.timer_family_specs
+    if len(transform.inputs) != 1 + len(payload.side_inputs):
+        return False
+    if (payload.state_specs or payload.timer_family_specs
             or payload.restriction_coder_id or payload.requests_finalization
             or payload.requires_time_sorted_input):
         return False
@@ -131,8 +148,12 @@ def is_chainable(transform: beam_runner_api_pb2.PTransform) -> bool:
 
 def is_plain_dofn(fn: core.DoFn, args, kwargs, side_inputs) -> bool:
     """Whether Beam's harness would run `fn` through its SimpleInvoker, and the chain
-    can run it without its DoFnRunner (no bundle method that could output)."""
-    if args or kwargs or side_inputs or hasattr(fn, '_runtime_output_constraints'):
+    can run it without its DoFnRunner (no bundle method that could output). Extra
+    arguments (side inputs among them) are passed as Beam's invoker passes them
+    (`chain_arguments`), unless one asks for a DoFn parameter."""
+    if side_inputs or hasattr(fn, '_runtime_output_constraints'):
+        return False
+    if any(map(_is_dofn_param, (*(args or ()), *(kwargs or {}).values()))):
         return False
     signature = common.DoFnSignature(fn)
     if (signature.is_stateful_dofn() or signature.is_splittable_dofn()
@@ -165,6 +186,18 @@ def chain_step_outputs(transform: beam_runner_api_pb2.PTransform
     for step_id, step in steps.items():
         for pcollection in step.outputs.values():
             yield step_id, pcollection
+
+
+def descriptor_steps(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor
+                     ) -> Iterator[tuple[str, beam_runner_api_pb2.PTransform]]:
+    """(transform id, transform) of every step of a stage, the steps of its stateless
+    chains each on its own (a step with side inputs may be in a chain)."""
+    for transform_id, transform in descriptor.transforms.items():
+        if transform.spec.urn == STATELESS_CHAIN_URN:
+            yield from beam_runner_api_pb2.Components.FromString(
+                transform.spec.payload).transforms.items()
+        else:
+            yield transform_id, transform
 
 
 class StatelessChainOperation(operations.Operation):
@@ -237,8 +270,7 @@ class StatelessChainOperation(operations.Operation):
         super().reset()
         self._pending = []
         for step in self.steps:
-            step.metrics_container.reset()
-            step.elements = 0
+            step.reset()
 
     def _lifecycle(self, step: ChainStep, method: str):
         if step.fn is None or not overrides(step.fn, method):
@@ -281,7 +313,7 @@ def _create_stateless_chain(factory, transform_id: str,
                             transform_proto: beam_runner_api_pb2.PTransform,
                             payload: bytes, consumers) -> StatelessChainOperation:
     transforms = beam_runner_api_pb2.Components.FromString(payload).transforms
-    by_input = {next(iter(t.inputs.values())): tid for tid, t in transforms.items()}
+    by_input = {main_input(t): tid for tid, t in transforms.items()}
     steps, pcollection = [], transform_proto.inputs['in']
     while pcollection in by_input:
         step_id = by_input[pcollection]
@@ -346,11 +378,14 @@ def _build_step(factory, transform_id: str, transform: beam_runner_api_pb2.PTran
         return AssignWindowsStep(transform_id, transform.unique_name,
                                   factory.state_sampler, windowing.windowfn)
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    fn, _, _, _, windowing = pickler.loads(
+    fn, args, kwargs, _, windowing = pickler.loads(
         core.DoFnInfo.from_runner_api(payload.do_fn, factory.context).serialized_dofn_data())
     if windowing is None:
         windowing = factory.context.windowing_strategies.get_by_id(
-            factory.descriptor.pcollections[
-                next(iter(transform.inputs.values()))].windowing_strategy_id)
-    return ParDoStep(transform_id, transform.unique_name, factory.state_sampler, fn,
-                      windowing.windowfn, next(iter(transform.outputs)))
+            factory.descriptor.pcollections[main_input(transform)].windowing_strategy_id)
+    step = (transform_id, transform.unique_name, factory.state_sampler, fn,
+            windowing.windowfn, next(iter(transform.outputs)))
+    if not (args or kwargs or payload.side_inputs):
+        return ParDoStep(*step)
+    return ArgumentsParDoStep(*step, args or [], kwargs or {},
+                              side_input_maps(factory, transform_id, transform, payload))

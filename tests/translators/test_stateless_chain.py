@@ -5,15 +5,17 @@ stage's descriptor at plan time so that each maximal linear run of chainable ste
 as one `StatelessChainOperation`. Checked here:
 
 * the plan: such a run becomes exactly one chain transform (and none with
-  `stateless_chains=False`); a stateful DoFn, a step with a side input, a DoFn with
-  `finish_bundle` and a Map taking a DoFn parameter stay harness steps; a PCollection
-  another consumer also reads (a second branch, a side input) ends a run;
+  `stateless_chains=False`); a step with side inputs or extra arguments joins it; a
+  stateful DoFn, a DoFn with `finish_bundle` and a Map taking a DoFn parameter stay
+  harness steps; a PCollection another consumer also reads (a second branch, a side
+  input) ends a run;
 * the stage driven in process (as `test_partial_combine` does: a `Reshuffle` before
   the chain so the stage starts at a data input, another after it so it ends at a
   data output), planned with and without chains, for random chains of steps from a
-  menu, random inputs (timestamps, one or several windows, panes) and bundle cuts
-  (hypothesis): the same outputs with the same timestamps, windows and panes, the
-  same user counters under the same steps, the same per-step element counts, and
+  menu (extra arguments and global and windowed side inputs among them), random inputs
+  (timestamps, one or several windows, panes) and bundle cuts (hypothesis): the same
+  outputs with the same timestamps, windows and panes, the same user counters under
+  the same steps, the same per-step element counts, and
   when a step raises, the same error naming the same step (also when what fails comes
   after the chain's last step, such as encoding the stage's output: the last step is
   named, as Beam's DoFnRunner names it);
@@ -41,6 +43,7 @@ from apache_beam import coders
 from apache_beam.metrics import Metrics
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.pipeline_utils import group_by_key_input_visitor
+from apache_beam.runners.worker import bundle_processor
 from apache_beam.transforms import environments, userstate, window
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
@@ -55,6 +58,7 @@ from beam_streams_runner.records import MAX_WATERMARK
 from beam_streams_runner.translators import chain_steps
 from beam_streams_runner.translators.operator import OperatorServices
 from beam_streams_runner.translators.par_do import FusedStageOperator
+from beam_streams_runner.translators.side_inputs import side_input_state
 from beam_streams_runner.translators.stateless_chain import STATELESS_CHAIN_URN
 
 pytestmark = pytest.mark.timeout(300)
@@ -142,7 +146,8 @@ def _run(plan, stage, elements: list[WindowedValue], bundles: list[int],
     (output_id, _), = stage.outputs.items()
     encode = runtime.coder_impl(stage.input_coders[input_id]).encode_nested
     counted = counted_outputs([stage], counted_pcollections).get(stage.name, ())
-    services = OperatorServices(bundle_size=100, counted=counted, element_counts={})
+    services = OperatorServices(bundle_size=100, counted=counted, element_counts={},
+                                side_inputs=_side_input_state(plan, runtime, stage))
     operator_ = FusedStageOperator(runtime, stage, services)
     records = []
     position = 0
@@ -164,6 +169,19 @@ def _run(plan, stage, elements: list[WindowedValue], bundles: list[int],
     totals = operator_.metrics.take()
     counters = dict(totals.parts[0]) if totals is not None else {}
     return _Run(outputs, counters, dict(services.element_counts), None)
+
+
+def _side_input_state(plan, runtime, stage) -> dict[bytes, bytes]:
+    """The side inputs `stage` reads (menu steps' `SIDE_OF`), laid out as the driver
+    lays them out, from `SIDE_ELEMENTS` encoded as the stages making them encode."""
+    chunks = {}
+    for (step, _), (buffer_id, _) in stage.side_inputs.items():
+        (coder_id,) = [producer.output_coders[name] for producer in plan.stages
+                       for name, buffer in producer.outputs.items() if buffer == buffer_id]
+        encode = runtime.coder_impl(coder_id).encode_nested
+        elements = SIDE_ELEMENTS[SIDE_OF[step.split('_', 1)[1]]]
+        chunks[buffer_id] = [b''.join(encode(e) for e in elements)]
+    return side_input_state(plan, stage, chunks)
 
 
 def _step_pcollections(stage, step_names) -> dict[str, str]:
@@ -255,13 +273,15 @@ def test_steps_that_need_the_harness_stay_harness_steps():
     with _plans(build) as plans:
         in_chains = {name for chain in _chains(plans[True]) for name in chain.values()}
         harness = _harness_steps(plans[True])
-        for name in ('Stateful', 'WithSideInput', 'FinishBundle', 'Timestamp'):
+        for name in ('Stateful', 'FinishBundle', 'Timestamp'):
             assert name not in in_chains
             assert name in harness
-        # The stateless steps around them are chained (each a chain of its own here).
-        for name in ('Pairs', 'AfterStateful', 'AfterSideInput', 'Last'):
+        # The stateless steps around them are chained; a side input is no harness step.
+        for name in ('Pairs', 'AfterStateful', 'WithSideInput', 'AfterSideInput', 'Last'):
             assert name in in_chains
             assert name not in harness
+        assert _chain_of(plans[True], 'WithSideInput') == [
+            'AfterSideInput', 'AfterStateful', 'WithSideInput']
         assert _harness_steps(plans[False]) >= {
             'Pairs', 'Stateful', 'AfterStateful', 'WithSideInput', 'AfterSideInput',
             'FinishBundle', 'Timestamp', 'Last'}
@@ -392,24 +412,81 @@ class _Undeclared(beam.DoFn):
         yield element
 
 
-# Each menu item: (label suffix, transform) steps on ints, giving ints.
-MENU: dict[str, Callable[[], list[tuple[str, beam.PTransform]]]] = {
-    'map': lambda: [('map', beam.Map(_counted_triple_plus_one))],
-    'filter': lambda: [('filter', beam.Filter(lambda x: x % 4 != 1))],
-    'flat_map_list': lambda: [('flat_map_list', beam.FlatMap(_pairs_then_some))],
-    'flat_map_generator': lambda: [('flat_map_generator', beam.FlatMap(_generator))],
-    'flat_map_none': lambda: [('flat_map_none', beam.FlatMap(_none_on_fives))],
-    'map_tuple': lambda: [('pair', beam.Map(lambda x: (x, x % 3))),
+def _scaled_by(x, factor, offset=0):
+    return x * factor + offset
+
+
+def _plus_sum(x, values):
+    return x + sum(values)
+
+
+def _repeated(x, times):
+    return [x] * (x % times)
+
+
+def _key_in(x, lookup):
+    return x % 7 in lookup
+
+
+class _MinusSmallest(beam.DoFn):
+    def process(self, element, values):
+        Metrics.counter('chain', 'seen').inc()
+        yield element - min(values, default=0)
+
+
+# The side inputs menu steps read: how each is made, and its elements as the stage
+# making it hands them on (`_run` lays them out as the driver does).
+def _sides(pipeline: beam.Pipeline) -> dict[str, beam.PCollection]:
+    return {
+        'one': pipeline | 'SideOne' >> beam.Create([3]),
+        'pairs': pipeline | 'SidePairs' >> beam.Create([(0, 'a'), (3, 'b'), (5, 'c')]),
+        'windowed': (pipeline
+                     | 'SideValues' >> beam.Create(range(0, 45, 4))
+                     | 'SideStamps' >> beam.Map(lambda v: window.TimestampedValue(v, v))
+                     | 'SideWindows' >> beam.WindowInto(window.FixedWindows(10))),
+    }
+
+
+_GLOBAL = (window.GlobalWindow(),)
+SIDE_ELEMENTS = {
+    'one': [WindowedValue(3, Timestamp(0), _GLOBAL)],
+    'pairs': [WindowedValue(kv, Timestamp(0), _GLOBAL) for kv in ((0, 'a'), (3, 'b'), (5, 'c'))],
+    'windowed': [WindowedValue(v, Timestamp(v), (window.IntervalWindow(v // 10 * 10,
+                                                                        v // 10 * 10 + 10),))
+                 for v in range(0, 45, 4)],
+}
+# Which side input a menu step reads, by its label suffix.
+SIDE_OF = {'side_list': 'windowed', 'side_singleton': 'one', 'side_dict': 'pairs',
+           'side_iter_dofn': 'windowed'}
+
+# Each menu item: (label suffix, transform) steps on ints, giving ints, given the side
+# inputs (`_sides`).
+MENU: dict[str, Callable[[dict], list[tuple[str, beam.PTransform]]]] = {
+    'map': lambda _: [('map', beam.Map(_counted_triple_plus_one))],
+    'filter': lambda _: [('filter', beam.Filter(lambda x: x % 4 != 1))],
+    'flat_map_list': lambda _: [('flat_map_list', beam.FlatMap(_pairs_then_some))],
+    'flat_map_generator': lambda _: [('flat_map_generator', beam.FlatMap(_generator))],
+    'flat_map_none': lambda _: [('flat_map_none', beam.FlatMap(_none_on_fives))],
+    'map_tuple': lambda _: [('pair', beam.Map(lambda x: (x, x % 3))),
                           ('map_tuple', beam.MapTuple(lambda a, b: a * 2 - b))],
-    'timestamped': lambda: [('timestamped', beam.Map(_timestamped))],
-    'fixed': lambda: [('fixed', beam.WindowInto(window.FixedWindows(7)))],
-    'sliding': lambda: [('sliding', beam.WindowInto(window.SlidingWindows(10, 4)))],
-    'class_dofn': lambda: [('class_dofn', beam.ParDo(_BundleCounting()))],
-    'class_returns_list': lambda: [('class_returns_list', beam.ParDo(_ReturnsList()))],
-    'flat_map_tuple': lambda: [('pair_of_two', beam.Map(lambda x: (x, 2))),
+    'timestamped': lambda _: [('timestamped', beam.Map(_timestamped))],
+    'fixed': lambda _: [('fixed', beam.WindowInto(window.FixedWindows(7)))],
+    'sliding': lambda _: [('sliding', beam.WindowInto(window.SlidingWindows(10, 4)))],
+    'class_dofn': lambda _: [('class_dofn', beam.ParDo(_BundleCounting()))],
+    'class_returns_list': lambda _: [('class_returns_list', beam.ParDo(_ReturnsList()))],
+    'flat_map_tuple': lambda _: [('pair_of_two', beam.Map(lambda x: (x, 2))),
                                ('flat_map_tuple', beam.FlatMapTuple(lambda a, b: [a] * b))],
-    'undeclared': lambda: [('undeclared', beam.ParDo(_Undeclared()))],
-    'raising': lambda: [('raising', beam.Map(_fails_on_multiples_of_13))],
+    'undeclared': lambda _: [('undeclared', beam.ParDo(_Undeclared()))],
+    'raising': lambda _: [('raising', beam.Map(_fails_on_multiples_of_13))],
+    'extra_args': lambda _: [('extra_args', beam.Map(_scaled_by, 3, offset=1))],
+    'side_list': lambda sides: [
+        ('side_list', beam.Map(_plus_sum, beam.pvalue.AsList(sides['windowed'])))],
+    'side_singleton': lambda sides: [
+        ('side_singleton', beam.FlatMap(_repeated, times=beam.pvalue.AsSingleton(sides['one'])))],
+    'side_dict': lambda sides: [
+        ('side_dict', beam.Filter(_key_in, beam.pvalue.AsDict(sides['pairs'])))],
+    'side_iter_dofn': lambda sides: [
+        ('side_iter_dofn', beam.ParDo(_MinusSmallest(), beam.pvalue.AsIter(sides['windowed'])))],
 }
 
 _WINDOWS = [window.IntervalWindow(0, 10), window.IntervalWindow(10, 20),
@@ -452,11 +529,13 @@ def _bundle_sizes(total: int, sizes: list[int]) -> list[int]:
        sizes=st.lists(st.integers(1, 15), min_size=1, max_size=6),
        flush_at=st.sampled_from([1, 3, chain_steps.FLUSH_AT]))
 def test_chained_and_unchained_stages_agree(menu, global_input, elements, sizes, flush_at):
-    steps = [(f's{i}_{suffix}', transform)
-             for i, item in enumerate(menu) for suffix, transform in MENU[item]()]
-    names = [name for name, _ in steps]
+    names: list[str] = []
 
     def build(pcoll):
+        sides = _sides(pcoll.pipeline)
+        steps = [(f's{i}_{suffix}', transform)
+                 for i, item in enumerate(menu) for suffix, transform in MENU[item](sides)]
+        names.extend(name for name, _ in steps)
         for name, transform in steps:
             pcoll = pcoll | name >> transform
         return pcoll | 'Out' >> beam.Reshuffle()
@@ -486,7 +565,7 @@ def test_chained_and_unchained_stages_agree(menu, global_input, elements, sizes,
     if inputs:  # (a task without bundles counts nothing)
         assert set(chained.counts) == set(pcollections)
     # Every counter is under a step that increments it.
-    counting = ('_map', '_flat_map_generator', '_class_dofn', '_undeclared')
+    counting = ('_map', '_flat_map_generator', '_class_dofn', '_undeclared', '_side_iter_dofn')
     assert all(key.step.endswith(counting) for key in chained.counters)
 
 
@@ -554,6 +633,41 @@ def test_a_failure_past_the_chains_last_step_is_named_the_same_way(harness_step_
     assert runs[1].error == (
         "Beam step 'Last' failed: TypeError: an integer is required [while running 'Last']")
     assert runs[0].error == runs[1].error
+
+
+def test_a_side_input_is_read_once_per_window_and_bundle():
+    # Beam's invoker looks a windowed side input up per element (its window mapped each
+    # time); a chain per window and bundle, the view dropped when the bundle ends.
+    def build(pcoll):
+        sides = _sides(pcoll.pipeline)
+        return (pcoll
+                # (named as the menu's step reading that side input: see `_run`)
+                | 's0_side_list' >> beam.Map(_plus_sum, beam.pvalue.AsList(sides['windowed']))
+                | 'Out' >> beam.Reshuffle())
+
+    inputs = [WindowedValue(v, Timestamp(v % 20), (_WINDOWS[v % 2],)) for v in range(300)]
+    lookups: collections.Counter = collections.Counter()
+    original = bundle_processor.StateBackedSideInputMap.__getitem__
+
+    def counted(side_input, window):
+        lookups[window] += 1
+        return original(side_input, window)
+
+    with _plans(build, global_input=False) as plans, mock.patch.object(
+            bundle_processor.StateBackedSideInputMap, '__getitem__', counted):
+        runs = {}
+        for chains in (True, False):
+            lookups.clear()
+            stage = _stage(plans[chains], 's0_side_list')
+            runs[chains] = _run(plans[chains], stage, inputs, [200, 100])
+            runs[chains] = runs[chains], dict(lookups)
+    assert runs[True][0].outputs == runs[False][0].outputs
+    # Two windows, two bundles.
+    assert runs[True][1] == {_WINDOWS[0]: 2, _WINDOWS[1]: 2}
+    assert runs[False][1] == {_WINDOWS[0]: 150, _WINDOWS[1]: 150}
+    # [0, 10) reads 0, 4, 8; [10, 20) reads 12, 16.
+    assert sorted(value for value, *_ in runs[True][0].outputs) == sorted(
+        v + (12 if v % 2 == 0 else 28) for v in range(300))
 
 
 # 4. Element counts ---------------------------------------------------------------------
