@@ -32,12 +32,7 @@ from apache_beam.transforms import core, sideinputs
 from apache_beam.transforms.window import GlobalWindow, WindowFn
 from apache_beam.utils import windowed_value
 
-from beam_streams_runner.translators import chain_steps
-from beam_streams_runner.translators.chain_steps import (
-    SPECIAL_RESULTS,
-    ParDoStep,
-    check_result_type,
-)
+from beam_streams_runner.translators.chain_steps import ParDoStep, check_result_type
 
 # The window an element is processed in when every side input is global: Beam's
 # invoker reads such side inputs at the global window, whatever the element's windows.
@@ -89,27 +84,13 @@ class ArgumentsParDoStep(ParDoStep):
         return found
 
     def _batches(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
-        out_values: list = []
-        out_bases: list = []
-        special = self.special
+        yield from self.flattened(self._each_result(values, bases))
+
+    def _each_result(self, values: list, bases: list) -> Iterator[tuple]:
         for value, base in zip(values, bases, strict=True):
             for window, windowed in self._windows(value, base):
                 args, kwargs = self.arguments(window)
-                for result in self._results(value, args, kwargs):
-                    if isinstance(result, SPECIAL_RESULTS):
-                        result = special(windowed, result)
-                        if result is None:
-                            continue
-                        out_values.append(result.value)
-                        out_bases.append(result)
-                    else:
-                        out_values.append(result)
-                        out_bases.append(windowed)
-            if len(out_values) >= chain_steps.FLUSH_AT:
-                yield out_values, out_bases
-                out_values, out_bases = [], []
-        if out_values:
-            yield out_values, out_bases
+                yield self._results(value, args, kwargs), windowed
 
     def _windows(self, value, base: windowed_value.WindowedValue) -> list[tuple]:
         """(window the arguments are read in, the element as processed there)."""

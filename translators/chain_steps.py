@@ -174,16 +174,25 @@ class ParDoStep(ChainStep):
             yield outputs, bases
 
     def _flat_map(self, values: list, bases: list) -> Iterator[tuple[list, list]]:
-        process, check, special, limit = self.call, self.check_output, self.special, FLUSH_AT
-        out_values: list = []
-        out_bases: list = []
+        yield from self.flattened(self._each_result(values, bases))
+
+    def _each_result(self, values: list, bases: list) -> Iterator[tuple]:
+        process, check = self.call, self.check_output
         for value, base in zip(values, bases, strict=True):
             results = process(value)
             if check:
                 check = self.check_output = False
                 check_result_type(results)
-            if results is None:
-                continue
+            if results is not None:
+                yield results, base
+
+    def flattened(self, results_and_bases: Iterator[tuple]) -> Iterator[tuple[list, list]]:
+        """The outputs of (results of an element, the WindowedValue they are made in)
+        pairs, as Beam's output handler takes each result, every `FLUSH_AT` of them."""
+        special, limit = self.special, FLUSH_AT
+        out_values: list = []
+        out_bases: list = []
+        for results, base in results_and_bases:
             for result in results:
                 if isinstance(result, SPECIAL_RESULTS):
                     result = special(base, result)
