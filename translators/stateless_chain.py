@@ -147,10 +147,10 @@ def is_chainable(transform: beam_runner_api_pb2.PTransform) -> bool:
 
 
 def is_plain_dofn(fn: core.DoFn, args, kwargs, side_inputs) -> bool:
-    """Whether Beam's harness would run `fn` through its SimpleInvoker, and the chain
-    can run it without its DoFnRunner (no bundle method that could output). Extra
-    arguments (side inputs among them) are passed as Beam's invoker passes them
-    (`chain_arguments`), unless one asks for a DoFn parameter."""
+    """Whether Beam's invoker would pass `fn` nothing but its element and extra
+    arguments, and the chain can run it without its DoFnRunner (no bundle method that
+    could output). Extra arguments (side inputs among them) are passed as Beam's
+    invoker passes them (`chain_arguments`), unless one asks for a DoFn parameter."""
     if side_inputs or hasattr(fn, '_runtime_output_constraints'):
         return False
     if any(map(_is_dofn_param, (*(args or ()), *(kwargs or {}).values()))):
