@@ -60,11 +60,11 @@ class ArgumentsParDoStep(ParDoStep):
     """A ParDo step called with extra arguments, side inputs among them."""
 
     def __init__(self, transform_id: str, name: str, state_sampler, fn: core.DoFn,
-                 window_fn: WindowFn, main_tag: str, args: list, kwargs: dict,
+                 window_fn: WindowFn, main_tag: str, args: list | None, kwargs: dict | None,
                  side_inputs: list) -> None:
         super().__init__(transform_id, name, state_sampler, fn, window_fn, main_tag)
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
+        self.args = list(args or ())
+        self.kwargs = dict(kwargs or {})
         self.side_inputs = side_inputs
         self.per_window = not all(si.is_globally_windowed() for si in side_inputs)
         self._arguments: dict[Hashable, tuple[list, dict]] = {}

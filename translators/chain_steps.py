@@ -41,7 +41,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 # Results that are not plain values: Beam's output handler treats each specially.
-SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
+_SPECIAL_RESULTS = (TaggedOutput, WindowedValue, TimestampedValue)
 
 # A chain runs over batches of this many input elements (and what is left at the end
 # of a bundle): per-step costs (its scoped state, its error tagging) are paid per batch.
@@ -85,7 +85,7 @@ def with_payloads(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor,
 
 def has_special_results(outputs: list) -> bool:
     """Whether any of `outputs` is a TaggedOutput, WindowedValue or TimestampedValue."""
-    return any(issubclass(t, SPECIAL_RESULTS) for t in set(map(type, outputs)))
+    return any(issubclass(t, _SPECIAL_RESULTS) for t in set(map(type, outputs)))
 
 
 class ChainStep:
@@ -194,7 +194,7 @@ class ParDoStep(ChainStep):
         out_bases: list = []
         for results, base in results_and_bases:
             for result in results:
-                if isinstance(result, SPECIAL_RESULTS):
+                if isinstance(result, _SPECIAL_RESULTS):
                     result = special(base, result)
                     if result is None:
                         continue
@@ -215,7 +215,7 @@ class ParDoStep(ChainStep):
         TimestampedValues among them as Beam's output handler takes them."""
         out_values, out_bases = [], []
         for result, base in zip(outputs, bases, strict=True):
-            if isinstance(result, SPECIAL_RESULTS):
+            if isinstance(result, _SPECIAL_RESULTS):
                 result = self.special(base, result)
                 if result is not None:
                     out_values.append(result.value)

@@ -53,7 +53,7 @@ from beam_streams_runner.errors import StreamsSparkRunnerError, UnsupportedFeatu
 from beam_streams_runner.records import MAX_WATERMARK, Record, decode_with_raw
 from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.pending_states_graph import PendingStatesGraph
-from beam_streams_runner.translators.stateless_chain import descriptor_steps
+from beam_streams_runner.translators.stateless_chain import descriptor_steps, main_input
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
@@ -102,9 +102,7 @@ class SideInputGate:
                     pvalue.SideInputData.from_runner_api(spec, context).window_mapping_fn,
                     window_fn.get_window_coder().get_impl())
             if payload.side_inputs:
-                for tag, pcoll in transform.inputs.items():
-                    if tag not in payload.side_inputs:
-                        main_inputs[pcoll] = transform.unique_name
+                main_inputs[main_input(transform)] = transform.unique_name
         fed = {pcoll: transform_id
                for transform_id, transform in descriptor.transforms.items()
                if transform.spec.urn == bundle_processor.DATA_INPUT_URN

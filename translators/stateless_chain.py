@@ -33,6 +33,7 @@ from apache_beam.internal import pickler
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners import common
+from apache_beam.runners.portability.fn_api_runner.translations import PAR_DO_URNS
 from apache_beam.runners.worker import bundle_processor, operation_specs, operations
 from apache_beam.transforms import core
 from apache_beam.utils.windowed_value import WindowedValue
@@ -114,7 +115,7 @@ def main_input(transform: beam_runner_api_pb2.PTransform) -> str:
     """The PCollection a step reads as its main input (a ParDo's other inputs are its
     side inputs)."""
     side_inputs = ()
-    if transform.spec.urn == _PAR_DO:
+    if transform.spec.urn in PAR_DO_URNS:
         side_inputs = beam_runner_api_pb2.ParDoPayload.FromString(
             transform.spec.payload).side_inputs
     return next(pc for tag, pc in transform.inputs.items() if tag not in side_inputs)
@@ -387,5 +388,5 @@ def _build_step(factory, transform_id: str, transform: beam_runner_api_pb2.PTran
             windowing.windowfn, next(iter(transform.outputs)))
     if not (args or kwargs or payload.side_inputs):
         return ParDoStep(*step)
-    return ArgumentsParDoStep(*step, args or [], kwargs or {},
+    return ArgumentsParDoStep(*step, args, kwargs,
                               side_input_maps(factory, transform_id, transform, payload))

@@ -36,7 +36,7 @@ from beam_streams_runner.translators.create_slices import sliced_creates
 from beam_streams_runner.translators.file_commits import COMMIT_FILES_URN
 from beam_streams_runner.translators.file_writes import batch_file_writes
 from beam_streams_runner.translators.read import is_source_bundle_boundary, mark_source_bundles
-from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains
+from beam_streams_runner.translators.stateless_chain import fuse_stateless_chains, main_input
 
 RESHUFFLE_URN = common_urns.composites.RESHUFFLE.urn
 TEST_STREAM_URN = common_urns.primitives.TEST_STREAM.urn
@@ -151,7 +151,7 @@ def stateful_main_input(transform: beam_runner_api_pb2.PTransform) -> str | None
     payload = proto_utils.parse_Bytes(transform.spec.payload, beam_runner_api_pb2.ParDoPayload)
     if not (payload.state_specs or payload.timer_family_specs):
         return None
-    return next(pc for tag, pc in transform.inputs.items() if tag not in payload.side_inputs)
+    return main_input(transform)
 
 
 def check_deterministic_keys(
