@@ -99,9 +99,10 @@ def failure_hint(exc: BaseException, step: str | None) -> str:
                 'KeyedOutputBatches.add_batch')):
         return _NOT_A_PAIR.format(step=named) + '\n'
     # Beam's output handler iterates a DoFn's result; in a stateless chain, the step's
-    # `_flat_map` (translators/chain_steps.py) does.
+    # `flattened` (translators/chain_steps.py) does.
     if (isinstance(root, TypeError) and 'not iterable' in str(root)
-            and innermost.endswith(('handle_process_outputs', '_flat_map'))):
+            and (innermost == 'handle_process_outputs'
+                 or (_qualified_frame_names(root) or [''])[-1].endswith('ParDoStep.flattened'))):
         return _NOT_ITERABLE + '\n'
     if step and '/WriteImpl/' in step and any(isinstance(e, OSError) for e in chain):
         return _SINK + '\n'
