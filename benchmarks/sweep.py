@@ -4,10 +4,9 @@
         --bundle_times_ms=10,100,1000 --rates=max,5000 --out bench-out/sweep \\
         --spark_master=local[2]
 
-(or `python -m benchmarks.micro --streaming ...`, the same). For every combination of
-`--rates` (events/s over the whole source, or `max`: as fast as possible),
-`--bundle_times_ms`, `--target_latencies_ms` and `--bundle_sizes` it runs with `--streaming`
-on StreamsSparkRunner:
+For every combination of `--rates` (events/s over the whole source, or `max`: as fast
+as possible), `--bundle_times_ms`, `--target_latencies_ms` and `--bundle_sizes` it runs
+with `--streaming` on StreamsSparkRunner:
 
 * the paper's micro benchmarks (`benchmarks.micro.CASES`: 20 sequential ParDos, 1 ParDo,
   GroupByKey over sliding windows of 2 s every 1 s on 10 keys) fed by `StampedSource`, an

@@ -27,6 +27,14 @@ cores. `--native spark|flink` adds hand-written PySpark/PyFlink programs (`nativ
 file, written from the generator first if it does not exist (`event_file`), so the
 read path is timed instead of the in-process generator.
 
+Beam's Java-backed runners take their own options, passed through like any other:
+`--runner=FlinkRunner --flink_master=HOST:8081 [--flink_job_server_jar=JAR]`,
+`--runner=SparkRunner --spark_master_url=spark://HOST:7077 [--spark_job_server_jar=JAR]`,
+or `--runner=PortableRunner --job_endpoint=HOST:8099 --environment_type=LOOPBACK` (a
+running job server; also accepted by the other two). Their run checks first that the job
+server, its jar (Beam would download it from Maven Central) and the master are within
+reach, and else fails at once with a row naming what is missing (`java_runners`).
+
 The parent prints a progress line per run and a table at the end, and writes
 `OUT/results.csv`, `OUT/report.md`, `OUT/nexmark.png` (`report`), the sorted outputs
 (`OUT/outputs/`) and each run's log (`OUT/logs/`).
@@ -43,6 +51,7 @@ from dataclasses import dataclass
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.early_bids import WINNING_BIDS_QUERIES
 from benchmarks.nexmark.event_file import ensure_events
+from benchmarks.nexmark.java_runners import JAVA_RUNNERS
 from benchmarks.nexmark.native import (
     NATIVE_FLINK,
     NATIVE_QUERIES,
@@ -231,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                     '--spark_master); NEXMark configuration options '
                     '(--num_event_generators, ...) to all.')
     parser.add_argument('--runner', default='StreamsSparkRunner',
-                        help=f'{", ".join(RUNNER_ALIASES)} or a dotted runner class')
+                        help=f'{", ".join(RUNNER_ALIASES)}, a dotted runner class, or '
+                             f'{", ".join(JAVA_RUNNERS)} with their job server\'s options '
+                             '(e.g. --job_endpoint=HOST:8099, --flink_master=HOST:8081)')
     parser.add_argument('--query', default='0-12', help='e.g. 0-12 or 0,3,5')
     parser.add_argument('--events', type=int, default=None,
                         help='number of events (default: NEXMark\'s 100000)')

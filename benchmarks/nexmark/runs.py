@@ -40,6 +40,7 @@ from benchmarks.nexmark.capture import (
     lines_file_writer,
 )
 from benchmarks.nexmark.config import NexmarkConfig
+from benchmarks.nexmark.java_runners import check_job_server
 from benchmarks.nexmark.native import NATIVE_SPARK, REPO_ROOT, run_logged, run_native_spark
 from benchmarks.nexmark.verdicts import RunResult, first_line
 
@@ -50,8 +51,14 @@ _OUTPUT_MODULES = ('capture', 'config', 'early_bids', 'generator', 'java_random'
                    'query6_corrected', 'sources')
 
 
-def make_runner(name: str) -> Any:
-    """A runner instance (StreamsSparkRunner, dotted class) or a name Beam knows."""
+def make_runner(name: str, args: Sequence[str] = ()) -> Any:
+    """A runner instance (StreamsSparkRunner, dotted class) or a name Beam knows.
+
+    A Java-backed runner (FlinkRunner, SparkRunner, PortableRunner) whose job server,
+    jar or master `args` leave out of reach raises `JobServerUnavailable` here, naming
+    what is missing, instead of Beam's waiting minutes for it (`java_runners`).
+    """
+    check_job_server(name, args)
     if name == 'StreamsSparkRunner':
         from beam_streams_runner import StreamsSparkRunner
         return StreamsSparkRunner()
@@ -166,7 +173,7 @@ def run_one(argv: Sequence[str]) -> int:
         if known.runner == NATIVE_SPARK:
             result = run_native_spark(known.query, config, rest, input_path=known.input)
         else:
-            runner = make_runner(known.runner)
+            runner = make_runner(known.runner, rest)
             result = run_query(known.query, runner, config, rest,
                                streaming=known.streaming, rate=known.rate,
                                corrected_q6=known.corrected_q6,

@@ -109,3 +109,13 @@ def test_read_sink_leaves_out_a_cut_last_line(tmp_path):
     (tmp_path / 'sink-a').write_text('x\n#tally\t2\t5\ny\n#tally\t1\t')
     written = sink_check.read_sink(str(tmp_path))
     assert written.tally == sink_check.Tally(2, 5) and written.lines == ['x', 'y']
+
+
+def test_streaming_is_the_sweeps_command_not_an_option_of_micro(tmp_path, capsys):
+    # micro no longer delegates to benchmarks.sweep (which imports micro): no import
+    # circle, and the old spelling gets an error naming the command to use instead.
+    with pytest.raises(SystemExit) as exited:
+        micro.main(['--streaming', '--elements=10', f'--out={tmp_path}'])
+    assert exited.value.code == 2
+    assert 'python -m benchmarks.sweep' in capsys.readouterr().err
+    assert not os.listdir(tmp_path)

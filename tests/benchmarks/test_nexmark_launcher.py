@@ -1,5 +1,10 @@
 """The NEXMark launcher: query parsing, canonical form, equality check, report, end to end.
 
+The Java-backed runners (FlinkRunner, SparkRunner, PortableRunner, `java_runners`) are
+tested against ports with nothing listening (their rows fail at once, naming what is
+missing), a port that is not a gRPC server, and Beam's own Python job service (a real
+job server: the PortableRunner row is equal to the reference).
+
 The end-to-end tests run every query Q0-Q12 in this process (not in subprocesses as the
 launcher does) on StreamsSparkRunner, sharing the test session's SparkSession, and on the
 reference runner (DirectRunner; BundleBasedDirectRunner for Q4/Q6/Q9), each at the
@@ -10,14 +15,19 @@ from __future__ import annotations
 
 import csv
 import os
+import socket
+import subprocess
+import sys
+import time
 import zipfile
+from collections.abc import Iterator
 
 import pytest
 from apache_beam.testing.benchmarks.nexmark.models.nexmark_model import Bid
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_streams_runner import StreamsSparkRunner
-from benchmarks.nexmark import launcher, report, runs, verdicts
+from benchmarks.nexmark import java_runners, launcher, report, runs, verdicts
 from benchmarks.nexmark.capture import canonical
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.launcher import parse_queries, reference_for
@@ -251,3 +261,121 @@ def test_the_two_process_direct_runner_rows_can_be_left_out():
         return [spec.role for spec in launcher.plan_runs(args, [0], rest)]
     assert roles() == ['tested', 'reference', launcher.DIRECT_2P]
     assert roles('--no-direct-2p') == ['tested', 'reference']
+
+
+# ---------------------------------------------------------------- Java-backed runners
+
+
+def free_port() -> int:
+    """A TCP port with nothing listening: bound by the OS, then closed."""
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope='module')
+def reference_cache(tmp_path_factory) -> str:
+    """One reference cache for the module: Q0's DirectRunner reference runs once."""
+    return str(tmp_path_factory.mktemp('reference-cache'))
+
+
+def launcher_rows(argv: list[str], out, cache: str, monkeypatch) -> list[dict]:
+    """The results.csv rows of a launcher run of Q0 over 200 events with `argv`."""
+    monkeypatch.setenv('NEXMARK_REFERENCE_CACHE', cache)
+    code = launcher.main([*argv, '--query=0', '--events=200', '--no-direct-2p',
+                          '--out', str(out)])
+    assert code == 0
+    with open(out / 'results.csv', encoding='utf-8') as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('runner,option', [('PortableRunner', 'job_endpoint'),
+                                           ('FlinkRunner', 'flink_master')])
+def test_a_java_runner_without_its_server_fails_at_once_naming_it(
+        runner, option, tmp_path, reference_cache, monkeypatch):
+    port = free_port()
+    rows = launcher_rows([f'--runner={runner}', f'--{option}=localhost:{port}'],
+                         tmp_path / 'out', reference_cache, monkeypatch)
+    assert [r['runner'] for r in rows] == [runner, 'DirectRunner']
+    verdict = rows[0]['equal_to_reference']
+    assert verdict.startswith('failed: JobServerUnavailable: '), verdict
+    assert f'localhost:{port} (--{option}): connection refused' in verdict
+    assert 'start' in verdict and not verdict.endswith('...')
+    assert rows[1]['equal_to_reference'] == 'reference'
+
+
+@pytest.fixture
+def job_service() -> Iterator[str]:
+    """Beam's Python job service (`local_job_service_main`), a real job server, as
+    HOST:PORT; stopped after the test."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, '-m', 'apache_beam.runners.portability.local_job_service_main',
+         f'--port={port}'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while java_runners.job_server_problem(
+                'PortableRunner', [f'--job_endpoint=localhost:{port}']):
+            assert server.poll() is None and time.monotonic() < deadline, \
+                'the job service did not start'
+            time.sleep(0.5)
+        yield f'localhost:{port}'
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.timeout(180)
+def test_the_portable_runner_with_a_running_job_server_equals_the_reference(
+        job_service, tmp_path, reference_cache, monkeypatch):
+    rows = launcher_rows(['--runner=PortableRunner', f'--job_endpoint={job_service}',
+                          '--environment_type=LOOPBACK'],
+                         tmp_path / 'out', reference_cache, monkeypatch)
+    assert [(r['runner'], r['equal_to_reference']) for r in rows] == [
+        ('PortableRunner', 'yes'), ('DirectRunner', 'reference')]
+    assert int(rows[0]['output_count']) == 200
+
+
+@pytest.mark.parametrize('runner,args,expected', [
+    ('PortableRunner', [], '--job_endpoint=HOST:PORT'),
+    ('PortableRunner', ['--job_endpoint=localhost'], 'is not HOST:PORT'),
+    ('FlinkRunner', ['--flink_master=[local]', '--flink_job_server_jar=/no/such.jar'],
+     'no job server jar at /no/such.jar (--flink_job_server_jar)'),
+    ('SparkRunner', ['--spark_submit_uber_jar'], 'give --spark_rest_url='),
+    ('SparkRunner', ['--job_server_java_launcher=/no/java'], "no '/no/java' on PATH"),
+    ('apache_beam.runners.portability.flink_runner.FlinkRunner',
+     ['--job_endpoint=localhost:{port}'], 'localhost:{port} (--job_endpoint): connection'),
+    ('SparkRunner', ['--spark_master_url=spark://localhost:{port}'],
+     'localhost:{port} (--spark_master_url): connection refused'),
+])
+def test_job_server_problems_name_the_option_and_what_to_do(runner, args, expected):
+    port = free_port()
+    problem = java_runners.job_server_problem(
+        runner, [a.format(port=port) for a in args])
+    assert problem is not None and expected.format(port=port) in problem
+    assert len(problem) <= java_runners.MAX_MESSAGE, problem
+    with pytest.raises(java_runners.JobServerUnavailable, match='--'):
+        runs.make_runner(runner, [a.format(port=port) for a in args])
+
+
+def test_a_listener_that_is_no_grpc_server_is_no_job_endpoint(monkeypatch):
+    monkeypatch.setattr(java_runners, 'GRPC_READY_TIMEOUT_S', 1.0)
+    with socket.socket() as listener:
+        # The kernel accepts connections into the backlog; nothing speaks HTTP/2.
+        listener.bind(('localhost', 0))
+        listener.listen(8)
+        endpoint = f'localhost:{listener.getsockname()[1]}'
+        problem = java_runners.job_server_problem('FlinkRunner',
+                                                  [f'--job_endpoint={endpoint}'])
+    assert problem is not None and 'accepts connections but no gRPC job server' in problem
+
+
+def test_other_runners_are_not_java_runners():
+    assert java_runners.java_runner_name('FlinkRunner') == 'FlinkRunner'
+    assert java_runners.java_runner_name(
+        'apache_beam.runners.portability.spark_runner.SparkRunner') == 'SparkRunner'
+    assert java_runners.java_runner_name('mine.FlinkRunner') is None
+    for runner in ('DirectRunner', 'StreamsSparkRunner', 'DaskRunner'):
+        assert java_runners.job_server_problem(runner, ['--job_endpoint=localhost']) is None
+    assert runs.make_runner('DirectRunner', ['--job_endpoint=localhost']) == 'DirectRunner'

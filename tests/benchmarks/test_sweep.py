@@ -157,7 +157,7 @@ def test_nexmark_latency_config_paces_events_at_their_event_times():
 def test_tiny_streaming_sweep_writes_report(tmp_path, spark_session, spark_args):
     # 2000 elements at 1000/s: a 2 s stream, so some sliding windows end (and are fired by
     # the watermark) before the stream does, and the GroupByKey case has latency samples.
-    rows = micro.main(['--streaming', '--elements=2000', '--nexmark_events=500',
+    rows = sweep.main(['--elements=2000', '--nexmark_events=500',
                        '--bundle_sizes=100,1000', '--bundle_times_ms=100', '--rates=1000',
                        f'--cases=1 ParDo,{GBK}', '--queries=0',
                        '--runners=StreamsSparkRunner,DirectRunner', f'--out={tmp_path}',
