@@ -83,11 +83,26 @@ def is_end_event(fields: dict[str, Any]) -> bool:
     return fields.get('auction') == END_AUCTION and 'bidder' in fields
 
 
-def _write_file(directory: str, name: str, lines: list[str]) -> None:
+def _write_file(directory: str, name: str, lines: list[str], not_before_ns: int = 0) -> str:
     tmp = os.path.join(directory, '.' + name + '.tmp')
     with open(tmp, 'w', encoding='utf-8') as f:
         f.write('\n'.join(lines) + '\n')
-    os.replace(tmp, os.path.join(directory, name))
+    if os.stat(tmp).st_mtime_ns < not_before_ns:
+        os.utime(tmp, ns=(not_before_ns, not_before_ns))
+    path = os.path.join(directory, name)
+    os.replace(tmp, path)
+    return path
+
+
+def _write_end_file(directory: str, last_ms: int, last_events_path: str | None) -> None:
+    """The end file, modified in a later millisecond than the last events file: Spark's
+    file source takes files in order of modification time in ms, ties in listing order,
+    and an end file read in a micro-batch before the last events file would let the
+    watermark pass that file's windows before its events arrive."""
+    not_before_ns = 0
+    if last_events_path is not None:
+        not_before_ns = (os.stat(last_events_path).st_mtime_ns // 1_000_000 + 1) * 1_000_000
+    _write_file(directory, END_FILE, [end_line(last_ms)], not_before_ns)
 
 
 def _chunks(config: NexmarkConfig, events_per_file: int) -> Iterator[tuple[list[str], int]]:
@@ -110,10 +125,11 @@ def write_event_files(config: NexmarkConfig, directory: str,
     """Writes every event of `config`, then the end file, into `directory` (created)."""
     os.makedirs(directory, exist_ok=True)
     count = files = last_ms = 0
+    last_path = None
     for index, (lines, chunk_last_ms) in enumerate(_chunks(config, events_per_file)):
-        _write_file(directory, EVENTS_PATTERN.format(index), lines)
+        last_path = _write_file(directory, EVENTS_PATTERN.format(index), lines)
         count, files, last_ms = count + len(lines), files + 1, max(last_ms, chunk_last_ms)
-    _write_file(directory, END_FILE, [end_line(last_ms)])
+    _write_end_file(directory, last_ms, last_path)
     return EventFiles(directory, count, files, last_ms)
 
 
@@ -134,13 +150,14 @@ def feed(config: NexmarkConfig, directory: str, rate: float) -> EventFiles:
     os.makedirs(directory, exist_ok=True)
     per_file = max(1, round(rate * FEED_SECONDS))
     count = files = last_ms = 0
+    last_path = None
     for index, (lines, chunk_last_ms) in enumerate(_chunks(config, per_file)):
         delay = chunk_last_ms / 1000 - time.time()
         if delay > 0:
             time.sleep(delay)
-        _write_file(directory, EVENTS_PATTERN.format(index), lines)
+        last_path = _write_file(directory, EVENTS_PATTERN.format(index), lines)
         count, files, last_ms = count + len(lines), files + 1, max(last_ms, chunk_last_ms)
-    _write_file(directory, END_FILE, [end_line(last_ms)])
+    _write_end_file(directory, last_ms, last_path)
     return EventFiles(directory, count, files, last_ms)
 
 
