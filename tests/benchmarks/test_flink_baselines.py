@@ -16,7 +16,7 @@ import pytest
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from benchmarks.nexmark import flink_baselines, native, verdicts
+from benchmarks.nexmark import flink_baselines, launcher, native, verdicts
 from benchmarks.nexmark.capture import output_line
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.generator import events
@@ -26,6 +26,7 @@ from benchmarks.nexmark.native import (
     flink_record_line,
     run_native_flink,
 )
+from benchmarks.nexmark.report import make_row
 from benchmarks.nexmark.runs import run_query
 from benchmarks.nexmark.verdicts import compare_outputs
 
@@ -60,12 +61,43 @@ def test_records_become_the_canonical_lines_of_the_same_elements():
 
 
 def test_missing_venv_is_a_failed_row_saying_how_to_create_it(tmp_path, monkeypatch):
-    monkeypatch.setenv('FLINK_VENV', str(tmp_path / 'no-such-venv'))
-    result = run_native_flink(0, ['--num_events=10'], str(tmp_path), 10, 60.0)
-    assert not result.ok and result.runner == NATIVE_FLINK
-    assert 'setup_flink_venv.sh' in result.error
-    verdict, _ = verdicts.equality_verdict(0, result, None, NexmarkConfig(num_events=10))
-    assert verdict.startswith('failed: PyFlink virtualenv missing')
+    missing = tmp_path / 'no-such-venv'
+    monkeypatch.setenv('FLINK_VENV', str(missing))
+    assert flink_python() == str(missing / 'bin' / 'python')
+    for sub in ('outputs', 'logs'):
+        (tmp_path / sub).mkdir()
+    config = NexmarkConfig(num_events=10)
+    # As the launcher runs a `--native flink` row and gives it its verdict.
+    result, cached = launcher.execute(launcher.RunSpec(0, 'native', NATIVE_FLINK), config,
+                                      ['--num_events=10'], str(tmp_path), 60.0)
+    assert not cached and not result.ok and result.runner == NATIVE_FLINK
+    assert str(missing) in result.error
+    assert '`bash benchmarks/nexmark/setup_flink_venv.sh`' in result.error
+    row = make_row(result, *verdicts.equality_verdict(0, result, None, config))
+    assert row.runner == NATIVE_FLINK and row.output_count == 0
+    assert row.equal.startswith('failed: PyFlink virtualenv missing')
+    assert 'bash benchmarks/nexmark/setup_flink_venv.sh' in row.equal
+
+
+def test_the_venv_is_looked_for_in_the_repository_by_default(monkeypatch):
+    monkeypatch.delenv('FLINK_VENV', raising=False)
+    assert flink_python() == os.path.join(native.REPO_ROOT, '.venv-flink', 'bin', 'python')
+
+
+@needs_flink
+def test_the_launcher_finds_the_venv_where_flink_venv_points(tmp_path, monkeypatch):
+    venv = os.path.dirname(os.path.dirname(flink_python()))
+    link = tmp_path / 'elsewhere'
+    link.symlink_to(venv)  # the same venv under another name: FLINK_VENV is followed
+    monkeypatch.setenv('FLINK_VENV', str(link))
+    assert flink_python() == str(link / 'bin' / 'python')
+    for sub in ('outputs', 'logs'):
+        (tmp_path / sub).mkdir()
+    result = run_native_flink(0, ['--num_events=10'], str(tmp_path), 10, 600.0)
+    assert result.ok, result.error
+    assert result.output_count == 10
+    with open(tmp_path / 'logs' / f'q0-{NATIVE_FLINK}.log', encoding='utf-8') as log:
+        assert log.readline().startswith(str(link / 'bin' / 'python'))
 
 
 @needs_flink
