@@ -120,15 +120,9 @@ def _flink_master_problem(master: str) -> str | None:
     reach of a job server started here, or None."""
     if master in ('[local]', '[auto]'):
         return None
-    url = urllib.parse.urlparse(master if '://' in master else f'http://{master}')
-    if not url.hostname:
-        return f'--flink_master={master} is not HOST:PORT, [local] or [auto]'
-    port = url.port or DEFAULT_PORTS.get(url.scheme, 80)
-    refused = _connect_problem(url.hostname, port)
-    if refused:
-        return (f'no Flink master at {url.hostname}:{port} (--flink_master): {refused}; '
-                'start Flink there or give a running one\'s REST address')
-    return None
+    return _address_problem(master, 'flink_master', 'http', 80, 'HOST:PORT, [local] or [auto]',
+                            'Flink master', "start Flink there or give a running one's REST "
+                            'address')
 
 
 def _spark_master_problem(spark) -> str | None:
@@ -143,14 +137,22 @@ def _spark_master_problem(spark) -> str | None:
         return None
     else:
         address, option = spark.spark_master_url, 'spark_master_url'
-    url = urllib.parse.urlparse(address if '://' in address else f'spark://{address}')
+    return _address_problem(address, option, 'spark', 7077,
+                            'a master URL (spark://HOST:PORT)', 'Spark master',
+                            'start Spark there, give a running one, or use local[2]')
+
+
+def _address_problem(address: str, option: str, scheme: str, default_port: int, form: str,
+                     what: str, hint: str) -> str | None:
+    """Why the `what` at `address` (option `--option`, of the given `form`; `scheme`
+    when it names none) is out of reach, or None."""
+    url = urllib.parse.urlparse(address if '://' in address else f'{scheme}://{address}')
     if not url.hostname:
-        return f'--{option}={address} is not a master URL (spark://HOST:PORT)'
-    port = url.port or DEFAULT_PORTS.get(url.scheme, 7077)
+        return f'--{option}={address} is not {form}'
+    port = url.port or DEFAULT_PORTS.get(url.scheme, default_port)
     refused = _connect_problem(url.hostname, port)
     if refused:
-        return (f'no Spark master at {url.hostname}:{port} (--{option}): {refused}; start '
-                'Spark there, give a running one, or use local[2]')
+        return f'no {what} at {url.hostname}:{port} (--{option}): {refused}; {hint}'
     return None
 
 
