@@ -25,8 +25,9 @@ reads files landing in a directory:
   **At a fixed rate** (latency runs): the program first writes its `--ready_file` once its
   stream is running; then `feed` generates the events with wall-clock event times from
   then on (`sweep.nexmark_latency_config`) and moves each file of `FEED_SECONDS` of events
-  into the directory when its last event is due, so no event can be read before its own
-  event time and every output's latency is the wall time it reached the sink minus the
+  into the directory when its last event is due, and the end file once the last window an
+  event falls in has ended, so no event can be read before its own event time, no window
+  closes before its end, and every output's latency is the wall time it reached the sink minus the
   event time it stands for.
 
 What a program writes back:
@@ -129,6 +130,7 @@ def write_event_files(config: NexmarkConfig, directory: str,
     for index, (lines, chunk_last_ms) in enumerate(_chunks(config, events_per_file)):
         last_path = _write_file(directory, EVENTS_PATTERN.format(index), lines)
         count, files, last_ms = count + len(lines), files + 1, max(last_ms, chunk_last_ms)
+    _sleep_until((last_ms + config.window_size_sec * 1000) / 1000)
     _write_end_file(directory, last_ms, last_path)
     return EventFiles(directory, count, files, last_ms)
 
@@ -146,19 +148,26 @@ def wait_for(path: str, timeout_s: float, alive: Any = None) -> bool:
 def feed(config: NexmarkConfig, directory: str, rate: float) -> EventFiles:
     """Writes the events of `config` (wall-clock event times, generated at `rate`) into
     `directory` as they become due: a file of `FEED_SECONDS` of events when its last
-    event is due, then the end file. Returns when every file is in."""
+    event is due, then the end file once the last window an event can fall in has ended
+    (a stream going on would close it no earlier, so no output's latency comes out below
+    zero). Returns when every file is in."""
     os.makedirs(directory, exist_ok=True)
     per_file = max(1, round(rate * FEED_SECONDS))
     count = files = last_ms = 0
     last_path = None
     for index, (lines, chunk_last_ms) in enumerate(_chunks(config, per_file)):
-        delay = chunk_last_ms / 1000 - time.time()
-        if delay > 0:
-            time.sleep(delay)
+        _sleep_until(chunk_last_ms / 1000)
         last_path = _write_file(directory, EVENTS_PATTERN.format(index), lines)
         count, files, last_ms = count + len(lines), files + 1, max(last_ms, chunk_last_ms)
+    _sleep_until((last_ms + config.window_size_sec * 1000) / 1000)
     _write_end_file(directory, last_ms, last_path)
     return EventFiles(directory, count, files, last_ms)
+
+
+def _sleep_until(wall_s: float) -> None:
+    delay = wall_s - time.time()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def write_record(f: Any, record: dict[str, Any]) -> None:
