@@ -119,22 +119,28 @@ def run_program(system: StreamingSystem, query: int, run_args: Sequence[str],
     return '', peak.mb
 
 
+def records_verdict(query: int, system: str, records: list[dict], reference: RunResult,
+                    config: NexmarkConfig) -> tuple[str, str]:
+    """(verdict, note) of a program's records against the batch `reference`: `yes...`
+    when equal, or different only as Beam's model allows a streaming run and the verdict
+    checked (Q3's last panes, never fired in streaming: `yes (unfired last panes)`, as the
+    sweep counts it); `failed: empty output` without any record."""
+    lines = sorted(flink_record_line(record) for record in records)
+    if not lines:
+        return 'failed: empty output', ''
+    tested = RunResult(query, system, config.num_events, ok=True, lines=lines,
+                       output_count=len(lines))
+    equal, note = equality_verdict(query, tested, reference, config, streaming=True)
+    if equal.startswith('no ('):
+        equal = 'yes (' + equal[len('no ('):]
+    return equal, note
+
+
 def judge(row: StreamRow, records: list[dict], reference: RunResult,
           config: NexmarkConfig) -> None:
     """Fills `row`'s verdict from the records against the batch `reference`."""
-    lines = sorted(flink_record_line(record) for record in records)
-    row.outputs = len(lines)
-    if not lines:
-        row.equal = 'failed: empty output'
-        return
-    tested = RunResult(row.query, row.system, row.events, ok=True, lines=lines,
-                       output_count=len(lines), wall_s=row.wall_s)
-    equal, note = equality_verdict(row.query, tested, reference, config, streaming=True)
-    if equal.startswith('no ('):
-        # A difference Beam's model allows a streaming run, which the verdict checked
-        # (Q3's last panes, never fired in streaming), as the sweep counts it.
-        equal = 'yes (' + equal[len('no ('):]
-    row.equal, row.note = equal, note
+    row.outputs = len(records)
+    row.equal, row.note = records_verdict(row.query, row.system, records, reference, config)
 
 
 def latencies(records: list[dict]) -> tuple[float | None, float | None]:

@@ -17,7 +17,6 @@ state variant `spark_streaming_state`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -27,10 +26,8 @@ import pytest
 
 from benchmarks.nexmark import spark_streaming, stream_files
 from benchmarks.nexmark.config import NexmarkConfig
-from benchmarks.nexmark.native import flink_record_line
-from benchmarks.nexmark.runs import run_query
-from benchmarks.nexmark.verdicts import RunResult, equality_verdict
 from benchmarks.sweep import nexmark_latency_config
+from tests.benchmarks.stream_checks import assert_records_equal_batch, config_args
 
 # At 1,000 events/s 5,000 events span 5 s: several 2-s windows (slid by 1 s for Q5), and
 # Q2 selects a few bids (auction % 123 == 0). Out-of-order groups of 7 make the
@@ -38,49 +35,17 @@ from benchmarks.sweep import nexmark_latency_config
 WINDOWED = NexmarkConfig(num_events=5000, first_event_rate=1000, next_event_rate=1000,
                          window_size_sec=2, window_period_sec=1, out_of_order_group_size=7)
 Q3_CONFIG = NexmarkConfig(num_events=30_000)
-# Q3's unfired last panes are Beam's streaming model (verdicts.unfired_panes_verdict).
-ACCEPTED = {3: ('yes', 'no (unfired last panes)')}
-_REFERENCES: dict[tuple[int, NexmarkConfig], RunResult] = {}
-
-
-def config_argv(config: NexmarkConfig) -> list[str]:
-    """The NEXMark options giving `config` (its fields that differ from the defaults)."""
-    default = NexmarkConfig()
-    argv = []
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if value != getattr(default, field.name):
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            argv.append(f'--{field.name}={text}')
-    return argv
-
-
 def run_program(session, variant: str, query: int, config: NexmarkConfig, events_dir: str,
-                out_dir, *extra: str) -> tuple[int, RunResult, dict, list[dict]]:
+                out_dir, *extra: str) -> tuple[int, list[dict], dict]:
     records = str(out_dir / f'{variant}-q{query}.jsonl')
     summary = str(out_dir / f'{variant}-q{query}.json')
     status = spark_streaming.main([
         f'--variant={variant}', f'--query={query}', f'--events_dir={events_dir}',
-        f'--records={records}', f'--summary={summary}', *extra, *config_argv(config)],
+        f'--records={records}', f'--summary={summary}', *extra, *config_args(config)],
         session=session)
     with open(summary, encoding='utf-8') as f:
         summary_fields = json.load(f)
-    written = stream_files.read_records(records)
-    lines = sorted(flink_record_line(r) for r in written)
-    result = RunResult(query, f'SparkStreaming-{variant}', config.num_events,
-                       ok=status == 0, output_count=len(lines),
-                       error=summary_fields.get('error', ''), lines=lines)
-    return status, result, summary_fields, written
-
-
-def assert_equals_batch(query: int, config: NexmarkConfig, result: RunResult) -> None:
-    if (query, config) not in _REFERENCES:
-        _REFERENCES[query, config] = run_query(query, 'DirectRunner', config)
-    reference = _REFERENCES[query, config]
-    assert reference.ok and reference.lines, reference.error
-    assert result.lines, f'the streaming run wrote no output ({result.error})'
-    verdict, note = equality_verdict(query, result, reference, config, streaming=True)
-    assert verdict in ACCEPTED.get(query, ('yes',)), f'{verdict}: {note}'
+    return status, stream_files.read_records(records), summary_fields
 
 
 @pytest.fixture(scope='module')
@@ -95,29 +60,29 @@ def windowed_events(tmp_path_factory) -> str:
 def test_query_equals_the_batch_reference(variant, query, windowed_events, spark_session,
                                           tmp_path):
     # Two files per micro-batch: the windows close over several batches.
-    status, result, summary, _ = run_program(
+    status, records, summary = run_program(
         spark_session, variant, query, WINDOWED, windowed_events, tmp_path,
         '--max_files_per_trigger=2')
     assert status == 0, summary
     assert summary['events'] == WINDOWED.num_events
     assert summary['wall_s'] > 0 and summary['setup_s'] >= 0
     assert 'checkpoints' not in summary
-    assert_equals_batch(query, WINDOWED, result)
+    assert_records_equal_batch(query, records, WINDOWED)
 
 
 def test_q3_state_fires_panes_of_30_like_beam(spark_session, tmp_path):
     events_dir = str(tmp_path / 'events')
     stream_files.write_event_files(Q3_CONFIG, events_dir, events_per_file=10_000)
-    status, result, summary, _ = run_program(spark_session, 'state', 3, Q3_CONFIG,
+    status, records, summary = run_program(spark_session, 'state', 3, Q3_CONFIG,
                                              events_dir, tmp_path)
     assert status == 0, summary
     assert summary['events'] == Q3_CONFIG.num_events
-    assert_equals_batch(3, Q3_CONFIG, result)
+    assert_records_equal_batch(3, records, Q3_CONFIG)
 
 
 def test_q7_sql_with_a_checkpoint_dir(windowed_events, spark_session, tmp_path):
     checkpoint = tmp_path / 'checkpoint'
-    status, result, summary, _ = run_program(
+    status, records, summary = run_program(
         spark_session, 'sql', 7, WINDOWED, windowed_events, tmp_path,
         f'--checkpoint_dir={checkpoint}', '--checkpoint_period_s=10',
         '--max_files_per_trigger=2')
@@ -129,7 +94,7 @@ def test_q7_sql_with_a_checkpoint_dir(windowed_events, spark_session, tmp_path):
     commits = [n for n in os.listdir(checkpoint / 'commits') if n.isdigit()]
     assert len(commits) == summary['checkpoints']
     assert os.listdir(checkpoint / 'state')
-    assert_equals_batch(7, WINDOWED, result)
+    assert_records_equal_batch(7, records, WINDOWED)
 
 
 def test_ready_file_mode_reads_a_fed_directory(spark_session, tmp_path):
@@ -143,7 +108,7 @@ def test_ready_file_mode_reads_a_fed_directory(spark_session, tmp_path):
             fed.append(stream_files.feed(config, str(events_dir), rate))
     thread = threading.Thread(target=feeder, daemon=True)
     thread.start()
-    status, result, summary, records = run_program(
+    status, records, summary = run_program(
         spark_session, 'sql', 5, config, str(events_dir), tmp_path, f'--ready_file={ready}')
     thread.join(timeout=60)
     assert status == 0, summary
@@ -151,7 +116,7 @@ def test_ready_file_mode_reads_a_fed_directory(spark_session, tmp_path):
     assert records and all('emitted' in r for r in records)
     latencies = [stream_files.latency_s(r) for r in records]
     assert all(x is not None and math.isfinite(x) and x > 0 for x in latencies)
-    assert_equals_batch(5, config, result)
+    assert_records_equal_batch(5, records, config)
 
 
 def test_events_after_the_end_file_are_an_error(spark_session, tmp_path):
@@ -162,7 +127,7 @@ def test_events_after_the_end_file_are_an_error(spark_session, tmp_path):
     last = events_dir / stream_files.EVENTS_PATTERN.format(1)
     stamp = os.stat(last).st_mtime_ns - 10_000_000_000
     os.utime(events_dir / stream_files.END_FILE, ns=(stamp, stamp))
-    status, _, summary, _ = run_program(spark_session, 'sql', 0, config, str(events_dir),
+    status, _, summary = run_program(spark_session, 'sql', 0, config, str(events_dir),
                                         tmp_path, '--max_files_per_trigger=1')
     assert status == 1
     assert 'after the end file' in summary['error']
