@@ -4,11 +4,15 @@
         [--streaming] [runner options, e.g. --spark_master=local[2]]
     python -m benchmarks.profile --churning=dofn --events=300000 --out bench-out/profile-churn
     python -m benchmarks.profile --batch=wordcount --out bench-out/profile-wordcount
+    python -m benchmarks.profile --query=7 --events_dir=DIR --num_events=N --out OUT \\
+        [--checkpoint_dir=D --checkpoint_period_s=5]
 
 Runs one NEXMark query on StreamsSparkRunner (`benchmarks.nexmark.launcher --run-one`),
 one case of the churning-keys stateful workload (`benchmarks.churning_keys`), or one
 case of the batch speed benchmark (`benchmarks.batch_speed`: one warm-up at a hundredth
-of the size, then one run at full size, StreamsSparkRunner only), under
+of the size, then one run at full size, StreamsSparkRunner only), or with `--events_dir`
+the streaming comparison's program of this runner over a directory of event files
+(`benchmarks.nexmark.beam_streaming`, as `benchmarks.compare` runs it), under
 `py-spy record --subprocesses` (sampling the driver, PySpark's worker daemon and the
 workers it forks; idle frames left out) and writes `OUT/profile.md`: the samples per
 process kind, the functions with the most samples in the Python workers (inclusive:
@@ -36,6 +40,8 @@ from benchmarks.churning_keys import CASES as CHURNING_CASES
 # innermost two frames count); the first matching category wins.
 CATEGORIES = {
     'NEXMark generator (shared by every runner)': (('@generator.py', '@java_random.py'), False),
+    # The comparison's event files: reading and parsing their JSON lines into events.
+    'event files read and parsed (JSON lines)': (('@file_stream_source.py',), False),
     "runner's GroupByKey (reduce side)": (('advance @group_by_key.py',
                                            'advance @streaming_group_by_key.py',
                                            'process_bundle @streaming_group_by_key.py'),
@@ -118,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                         help='a case of benchmarks.batch_speed instead of a query')
     parser.add_argument('--events', type=int, default=100_000)
     parser.add_argument('--streaming', action='store_true')
+    parser.add_argument('--events_dir', default=None,
+                        help="with --query: the streaming comparison's program over this "
+                             'directory of event files (give its --num_events)')
     parser.add_argument('--rate', type=int, default=25, help='py-spy samples per second')
     parser.add_argument('--out', required=True)
     known, runner_args = parser.parse_known_args(argv)
@@ -132,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                  '--no_cores_check', f'--out={os.path.join(known.out, "batch_speed")}',
                  *runner_args]
         title = f'batch speed case {known.batch}'
+    elif known.events_dir:
+        if known.query is None:
+            parser.error('--events_dir goes with --query')
+        child = [sys.executable, '-m', 'benchmarks.nexmark.beam_streaming',
+                 f'--query={known.query}', f'--events_dir={known.events_dir}',
+                 f'--records={os.path.join(known.out, "records.jsonl")}',
+                 f'--summary={os.path.join(known.out, "summary.json")}', *runner_args]
+        title = f'NEXMark Q{known.query}, streaming over the event files of {known.events_dir}'
     elif known.churning:
         child = [sys.executable, '-m', 'benchmarks.churning_keys', f'--events={known.events}',
                  f'--case={known.churning}', *runner_args]

@@ -1,5 +1,7 @@
 """`benchmarks.profile.summarize`: py-spy's collapsed stacks into where the time goes."""
 
+import pytest
+
 from benchmarks import profile
 
 _RAW = '\n'.join([
@@ -74,3 +76,35 @@ def test_a_churning_profile_runs_the_churning_keys_case(monkeypatch, tmp_path):
                          '--spark_master=local[1]']
     assert (tmp_path / 'profile.md').read_text().startswith(
         '# Profile: churning keys (gbk), 1000 events, streaming')
+
+
+def test_an_events_dir_profile_runs_the_comparison_program(monkeypatch, tmp_path):
+    commands = []
+    monkeypatch.setattr(profile.shutil, 'which', lambda name: '/bin/py-spy')
+    stack = ('process 1:"python -m benchmarks.nexmark.beam_streaming";process 2:"daemon";'
+             'manager (daemon.py:1);worker (daemon.py:2);read_residual (par_do.py:1);'
+             'process (file_stream_source.py:3);loads (__init__.py:4);decode (decoder.py:5) 3\n'
+             'process 1:"python";process 2:"daemon";manager (daemon.py:1);'
+             'worker (daemon.py:2);read_residual (par_do.py:1);process (query7.py:9) 1\n')
+
+    def record(command, check):
+        commands.append(command)
+        with open(command[command.index('-o') + 1], 'w', encoding='utf-8') as f:
+            f.write(stack)
+    monkeypatch.setattr(profile.subprocess, 'run', record)
+    assert profile.main(['--query=7', '--events_dir=/ev', '--num_events=500',
+                         f'--out={tmp_path}']) == 0
+    child = commands[0][commands[0].index('--') + 1:]
+    assert child[1:] == ['-m', 'benchmarks.nexmark.beam_streaming', '--query=7',
+                         '--events_dir=/ev', f'--records={tmp_path}/records.jsonl',
+                         f'--summary={tmp_path}/summary.json', '--num_events=500']
+    report = (tmp_path / 'profile.md').read_text()
+    # JSON parsing under the file source counts as reading the files, not the fused steps.
+    assert '| event files read and parsed (JSON lines) | 75% |' in report
+    assert '| source reads (splittable DoFn, fused steps after it) | 25% |' in report
+
+
+def test_events_dir_needs_a_query(monkeypatch, tmp_path):
+    monkeypatch.setattr(profile.shutil, 'which', lambda name: '/bin/py-spy')
+    with pytest.raises(SystemExit):
+        profile.main(['--churning=gbk', '--events_dir=/ev', f'--out={tmp_path}'])
