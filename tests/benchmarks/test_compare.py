@@ -20,7 +20,14 @@ from benchmarks.compare import report
 from benchmarks.compare.batch import BatchRow
 from benchmarks.compare.memory import PeakMemory
 from benchmarks.compare.stream_runs import StreamRow, config_args, latencies, run_stream
-from benchmarks.compare.systems import FLINK_DATASTREAM, OURS, SPARK_STATE, StreamingSystem
+from benchmarks.compare.systems import (
+    FLINK_DATASTREAM,
+    FLINK_SQL,
+    OURS,
+    SPARK_SQL,
+    SPARK_STATE,
+    StreamingSystem,
+)
 from benchmarks.nexmark import stream_files
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.report import Row
@@ -162,6 +169,7 @@ def test_report_tables_goals_and_plots(tmp_path):
     streaming = [_stream(5, OURS, False, 900.0), _stream(5, OURS, True, 800.0),
                  _stream(5, FLINK_DATASTREAM, True, 400.0),
                  _stream(5, SPARK_STATE, True, 1600.0),
+                 _stream(5, FLINK_SQL, True, 2000.0), _stream(5, SPARK_SQL, True, 400.0),
                  _stream(7, OURS, True, 800.0), _stream(7, SPARK_STATE, True, 100.0, 'failed: x')]
     text = report.write_report(str(tmp_path), ['# title'], batch, streaming)
     assert '| Q5 | 1,000 | 500 | failed | 2.00 | - |' in text  # a wrong output is no figure
@@ -172,5 +180,8 @@ def test_report_tables_goals_and_plots(tmp_path):
     assert 'Q7: this runner with consistent regions 800 events/s, Spark Structured ' \
            'Streaming (transformWithStateInPandas) with checkpoints failed: ' \
            'not measured (a run failed)' in text
+    assert 'Q5: PyFlink (Flink SQL) is faster, 2.50x this runner (2,000 against 800' in text
+    assert 'Q5: this runner is faster, 2.00x Spark Structured Streaming (DataFrame) (800 ' \
+           'against 400 events/s)' in text
     for name in ('report.md', 'batch.csv', 'streaming.csv', 'throughput.png'):
         assert os.path.getsize(tmp_path / name) > 0
