@@ -8,6 +8,11 @@ each with its verdict. A figure counts only when its run's output equals the
 reference (a failed or empty run shows as `failed` and enters no ratio).
 `throughput.png`: grouped bars (log scale) per query, batch and streaming panels;
 `latency.png`: p50 bars with p99 markers per query and system.
+
+    python -m benchmarks.compare.report DIR
+
+writes a report again from its CSVs (the measurements as they were, the tables, goals
+and plots as this version of the report makes them; its header and notes kept).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import sys
+import typing
 from collections.abc import Sequence
 
 from benchmarks.compare.batch import BatchRow
@@ -27,6 +34,7 @@ from benchmarks.compare.systems import (
     StreamingSystem,
     short_name,
 )
+from benchmarks.nexmark.report import Row
 
 BATCH_ORDER = ('StreamsSparkRunner', 'DirectRunner', 'DirectRunner (2 processes)',
                'SparkNative', 'FlinkNative')
@@ -264,3 +272,57 @@ def _all_runs(rows: Sequence[StreamRow]) -> list[str]:
             '' if r.checkpoints_done is None else r.checkpoints_done, r.equal,
             r.note.replace('|', '/')[:200])) + ' |')
     return lines
+
+
+def _from_csv(cls: type, record: dict[str, str]) -> object:
+    """A dataclass instance from a CSV record (`write_csv`'s columns), by its field types."""
+    values = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        text = record.get(name)
+        if text is None:
+            continue
+        kind = next((t for t in (bool, int, float) if t is hint or t in typing.get_args(hint)),
+                    str)
+        if text == '' and kind is not str:
+            values[name] = None
+        elif kind is bool:
+            values[name] = text == 'True'
+        else:
+            values[name] = kind(text)
+    return cls(**values)
+
+
+def read_rows(out_dir: str) -> tuple[list[BatchRow], list[StreamRow]]:
+    """The rows `write_report` wrote to `out_dir`'s CSVs."""
+    batch: list[BatchRow] = []
+    streaming: list[StreamRow] = []
+    for name, rows in (('batch.csv', batch), ('streaming.csv', streaming)):
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            continue
+        with open(path, newline='', encoding='utf-8') as f:
+            for record in csv.DictReader(f):
+                if rows is batch:
+                    peak = record.get('peak_mb')
+                    batch.append(BatchRow(_from_csv(Row, record), float(peak) if peak else None))
+                else:
+                    streaming.append(_from_csv(StreamRow, record))
+    return batch, streaming
+
+
+def rewrite_report(out_dir: str) -> str:
+    """`write_report` again over `out_dir`'s CSVs, with its report's header and notes."""
+    with open(os.path.join(out_dir, 'report.md'), encoding='utf-8') as f:
+        old = f.read().split('\n')
+    first = next(i for i, line in enumerate(old) if line.startswith('## '))
+    notes = old[old.index('## Notes') + 2:] if '## Notes' in old else []
+    batch, streaming = read_rows(out_dir)
+    return write_report(out_dir, old[:first - 1] if first else [], batch, streaming,
+                        [line for line in notes if line])
+
+
+if __name__ == '__main__':
+    if len(sys.argv) != 2 or not os.path.exists(os.path.join(sys.argv[1], 'report.md')):
+        sys.exit('usage: python -m benchmarks.compare.report DIR (a report directory with '
+                 'report.md and its CSVs)')
+    print(rewrite_report(sys.argv[1]))

@@ -171,7 +171,8 @@ def test_report_tables_goals_and_plots(tmp_path):
                  _stream(5, SPARK_STATE, True, 1600.0),
                  _stream(5, FLINK_SQL, True, 2000.0), _stream(5, SPARK_SQL, True, 400.0),
                  _stream(7, OURS, True, 800.0), _stream(7, SPARK_STATE, True, 100.0, 'failed: x')]
-    text = report.write_report(str(tmp_path), ['# title'], batch, streaming)
+    text = report.write_report(str(tmp_path), ['# title', 'Machine: x'], batch, streaming,
+                               ['* a note'])
     assert '| Q5 | 1,000 | 500 | failed | 2.00 | - |' in text  # a wrong output is no figure
     assert '| Q5 | StreamsSparkRunner | 900 | 800 | 0.89 | - |' in text
     assert 'Q5: this runner with consistent regions 800 events/s, PyFlink (Python ' \
@@ -185,3 +186,16 @@ def test_report_tables_goals_and_plots(tmp_path):
            'against 400 events/s)' in text
     for name in ('report.md', 'batch.csv', 'streaming.csv', 'throughput.png'):
         assert os.path.getsize(tmp_path / name) > 0
+
+
+def test_a_report_written_again_from_its_csvs_is_the_same(tmp_path):
+    batch = [BatchRow(Row(5, 'StreamsSparkRunner', 1000, 1.0, 1000.0, 3, 'yes'), 900.0),
+             BatchRow(Row(5, 'DirectRunner', 1000, 2.0, 500.0, 3, 'reference'), None)]
+    streaming = [_stream(5, OURS, False, 900.0), _stream(5, OURS, True, 800.0),
+                 StreamRow(5, FLINK_SQL.name, True, 2000.0, events=1000, wall_s=2.0,
+                           events_per_s=500.0, peak_mb=400.0, outputs=3, equal='yes',
+                           latency_p50_s=0.5, latency_p99_s=1.25, checkpoints_done=2)]
+    text = report.write_report(str(tmp_path), ['# title', 'Machine: x'], batch, streaming,
+                               ['* a note'])
+    assert report.read_rows(str(tmp_path)) == (batch, streaming)
+    assert report.rewrite_report(str(tmp_path)) == text
