@@ -182,7 +182,9 @@ def execute(spec: RunSpec, config: NexmarkConfig, config_args: Sequence[str],
 def rows_of_query(query: int, runs: dict[RunSpec, tuple[RunResult, bool]],
                   config: NexmarkConfig, streaming: bool) -> list[Row]:
     """The table rows of `query`'s runs, each with its verdict."""
-    by_role = {spec.role: run for spec, run in runs.items() if spec.query == query}
+    own = [(spec.role, run) for spec, run in runs.items() if spec.query == query]
+    # Several runs may share a role (`native`: Spark and Flink); these three are one each.
+    by_role = dict(own)
     tested = by_role['tested'][0]
     reference = by_role['reference'][0] if 'reference' in by_role else None
     early = by_role['without early bids'][0] if 'without early bids' in by_role else None
@@ -194,7 +196,7 @@ def rows_of_query(query: int, runs: dict[RunSpec, tuple[RunResult, bool]],
     else:
         rows.append(make_row(tested, *equality_verdict(query, tested, reference, config,
                                                        streaming, early)))
-    for role, (result, cached) in by_role.items():
+    for role, (result, cached) in own:
         if role in ('reference', 'without early bids'):
             label = 'reference' if result.ok else f'failed: {result.error}'
             row = make_row(result, label, 'cached run' if cached else '')

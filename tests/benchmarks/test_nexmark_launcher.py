@@ -114,6 +114,19 @@ def test_streaming_row_is_compared_with_batch_and_gives_the_ratio():
     assert launcher.streaming_row(0, wrong, batch, None, config).equal == 'no'
 
 
+def test_every_native_baseline_of_a_query_gets_its_row():
+    lines = ['{\'a\': 1}\tGlobalWindow\tTimestamp(1.000000)']
+    spec = launcher.RunSpec
+    runs = {spec(0, 'tested', 'R'): (_result(lines), False),
+            spec(0, 'reference', 'DirectRunner'): (_result(lines, runner='DirectRunner'), False),
+            spec(0, 'native', 'SparkNative'): (_result(lines, runner='SparkNative'), False),
+            spec(0, 'native', 'FlinkNative'): (_result(['x'], runner='FlinkNative'), False)}
+    rows = launcher.rows_of_query(0, runs, NexmarkConfig(num_events=10), False)
+    assert [(r.runner, r.equal) for r in rows] == [
+        ('R', 'yes'), ('DirectRunner', 'reference'), ('SparkNative', 'yes'),
+        ('FlinkNative', 'no')]
+
+
 def test_sub_millisecond_timestamp_difference_is_reported():
     tested = ['1\t[0.0, 10.0)\tTimestamp(9.999000)']
     reference = ['1\t[0.0, 10.0)\tTimestamp(9.999999)']
