@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--rate', type=float, default=2000.0,
                         help='events/s of the latency runs')
     parser.add_argument('--latency_events', type=int, default=60_000)
-    parser.add_argument('--checkpoint_period_s', type=float, default=5.0)
+    parser.add_argument('--checkpoint_period_s', type=float, default=1.0,
+                        help='every engine checkpoints at this period (Spark: every '
+                             'micro-batch whatever it is)')
     parser.add_argument('--systems', default='all',
                         help='streaming systems by short name, comma-separated '
                              '(ours, Spark SQL, Spark tWSIP, PyFlink DS, Flink SQL)')

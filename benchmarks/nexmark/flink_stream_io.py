@@ -161,6 +161,11 @@ def environment(parallelism: int, checkpoint_dir: str | None,
     conf = Configuration()
     conf.set_string('python.executable', sys.executable)
     conf.set_string('python.client.executable', sys.executable)
+    # Tuned for PyFlink, as its users tune it: bundles of 30,000 (default 100,000) and a
+    # state cache of 100,000 keys (default 1,000), measured on 30,000 events: Q5's Python
+    # sliding windows 2.1x the events/s of the defaults (23 s -> 11 s), Q3 and Q7 1.1x.
+    conf.set_string('python.fn-execution.bundle.size', '30000')
+    conf.set_string('python.state.cache-size', '100000')
     if checkpoint_dir:
         conf.set_string('execution.checkpointing.dir',
                         'file://' + os.path.abspath(checkpoint_dir))
