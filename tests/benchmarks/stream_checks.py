@@ -5,8 +5,10 @@ NEXMark config and the check that its records equal the batch DirectRunner's out
 from __future__ import annotations
 
 import functools
+import threading
 
 from benchmarks.compare.stream_runs import config_args, records_verdict
+from benchmarks.nexmark import stream_files
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.runs import run_query
 from benchmarks.nexmark.verdicts import RunResult
@@ -29,3 +31,17 @@ def assert_records_equal_batch(query: int, records: list[dict], config: NexmarkC
     verdict, note = records_verdict(query, 'tested', records, reference(query, config),
                                     config)
     assert verdict.startswith('yes'), f'{verdict}: {note}'
+
+
+def start_feeder(config: NexmarkConfig, events_dir: str, ready: str, rate: float
+                 ) -> tuple[threading.Thread, list[stream_files.EventFiles]]:
+    """A thread that feeds `config`'s events into `events_dir` at `rate` once the
+    program has written `ready` (`stream_files.feed`); the list gets what it fed."""
+    fed: list[stream_files.EventFiles] = []
+
+    def feeder() -> None:
+        if stream_files.wait_for(ready, timeout_s=120):
+            fed.append(stream_files.feed(config, events_dir, rate))
+    thread = threading.Thread(target=feeder, daemon=True)
+    thread.start()
+    return thread, fed

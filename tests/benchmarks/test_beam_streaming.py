@@ -19,7 +19,6 @@ import json
 import math
 import os
 import random
-import threading
 
 import pytest
 from apache_beam.runners.sdf_utils import RestrictionTrackerView, ThreadsafeRestrictionTracker
@@ -33,7 +32,11 @@ from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.generator import event_at, wallclock_order
 from benchmarks.nexmark.native import flink_record_line
 from benchmarks.sweep import nexmark_latency_config
-from tests.benchmarks.stream_checks import assert_records_equal_batch, config_args
+from tests.benchmarks.stream_checks import (
+    assert_records_equal_batch,
+    config_args,
+    start_feeder,
+)
 
 # Q3 needs ~30,000 events for a seller to reach its 30-element pane. At 1,000 events/s
 # the others span a few seconds: several 2-s windows (slid by 1 s for Q5).
@@ -86,13 +89,7 @@ def test_ready_file_mode_reads_a_fed_directory(spark_session, tmp_path):
     config = nexmark_latency_config(NexmarkConfig(num_events=3000), rate)
     events_dir, ready = tmp_path / 'events', str(tmp_path / 'ready')
     events_dir.mkdir()
-    fed: list[stream_files.EventFiles] = []
-
-    def feeder() -> None:
-        if stream_files.wait_for(ready, timeout_s=120):
-            fed.append(stream_files.feed(config, str(events_dir), rate))
-    thread = threading.Thread(target=feeder, daemon=True)
-    thread.start()
+    thread, fed = start_feeder(config, str(events_dir), ready, rate)
     status, records, summary = run_program(0, config, str(events_dir), tmp_path,
                                           f'--ready_file={ready}')
     thread.join(timeout=60)

@@ -20,14 +20,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 
 import pytest
 
 from benchmarks.nexmark import spark_streaming, stream_files
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.sweep import nexmark_latency_config
-from tests.benchmarks.stream_checks import assert_records_equal_batch, config_args
+from tests.benchmarks.stream_checks import (
+    assert_records_equal_batch,
+    config_args,
+    start_feeder,
+)
 
 # At 1,000 events/s 5,000 events span 5 s: several 2-s windows (slid by 1 s for Q5), and
 # Q2 selects a few bids (auction % 123 == 0). Out-of-order groups of 7 make the
@@ -101,13 +104,7 @@ def test_ready_file_mode_reads_a_fed_directory(spark_session, tmp_path):
     rate = 1000.0
     config = nexmark_latency_config(NexmarkConfig(num_events=4000), rate)
     events_dir, ready = tmp_path / 'events', str(tmp_path / 'ready')
-    fed: list[stream_files.EventFiles] = []
-
-    def feeder() -> None:
-        if stream_files.wait_for(ready, timeout_s=120):
-            fed.append(stream_files.feed(config, str(events_dir), rate))
-    thread = threading.Thread(target=feeder, daemon=True)
-    thread.start()
+    thread, fed = start_feeder(config, str(events_dir), ready, rate)
     status, records, summary = run_program(
         spark_session, 'sql', 5, config, str(events_dir), tmp_path, f'--ready_file={ready}')
     thread.join(timeout=60)
