@@ -27,8 +27,8 @@ reads files landing in a directory:
   then on (`sweep.nexmark_latency_config`) and moves each file of `FEED_SECONDS` of events
   into the directory when its last event is due, and the end file once the last window an
   event falls in has ended, so no event can be read before its own event time, no window
-  closes before its end, and every output's latency is the wall time it reached the sink minus the
-  event time it stands for.
+  closes before its end, and every output's latency is the wall time it reached the sink
+  minus the event time it stands for.
 
 What a program writes back:
 
@@ -130,7 +130,6 @@ def write_event_files(config: NexmarkConfig, directory: str,
     for index, (lines, chunk_last_ms) in enumerate(_chunks(config, events_per_file)):
         last_path = _write_file(directory, EVENTS_PATTERN.format(index), lines)
         count, files, last_ms = count + len(lines), files + 1, max(last_ms, chunk_last_ms)
-    _sleep_until((last_ms + config.window_size_sec * 1000) / 1000)
     _write_end_file(directory, last_ms, last_path)
     return EventFiles(directory, count, files, last_ms)
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -133,6 +134,19 @@ def test_a_program_that_fails_is_a_failed_row(tmp_path, monkeypatch):
     row = run_stream(StreamingSystem('broken', 'broken', (0,)), 0, NexmarkConfig(num_events=10),
                      str(tmp_path), str(tmp_path / 'w'), _reference, 60, None)
     assert row.equal == 'failed: exit 3: no such query'
+
+
+def test_event_files_for_a_run_as_fast_as_possible_are_written_without_waiting(
+        tmp_path, monkeypatch):
+    # Event times an hour ahead: only `feed` (a fixed rate) waits for them to fall due.
+    config = NexmarkConfig(num_events=50, base_time_ms=int((time.time() + 3600) * 1000))
+
+    def no_sleep(seconds):
+        raise AssertionError(f'write_event_files slept {seconds:.0f} s')
+    monkeypatch.setattr(stream_files.time, 'sleep', no_sleep)
+    written = stream_files.write_event_files(config, str(tmp_path), events_per_file=20)
+    assert written.num_events == 50
+    assert os.path.exists(tmp_path / stream_files.END_FILE)
 
 
 def test_peak_memory_counts_the_child_processes():
