@@ -34,8 +34,9 @@ Side windows are only required to be hashable (Beam windows need not be
 mutually comparable), so every ordered index breaks max-timestamp ties with a
 sequence number. Everything is plain dicts, lists, small slotted classes and
 sortedcontainers, so the graph pickles as-is. The runner does not persist it
-whole: the side-input gate persists its side watermarks and pushed-back
-elements, and rebuilds a graph from them (`translators/side_input_gate`).
+whole: the side-input gate persists its side watermarks and its pushed-back
+elements in chunks, one graph element per chunk, and rebuilds a graph from them
+(`translators/side_input_gate`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class PendingStatesGraph:
         self._elements: dict[int, _ElementNode] = {}
         self._holds: SortedList = SortedList()  # (element timestamp, element id)
         self._pending_by_key: dict[Hashable, int] = {}
+        self.last_pushed_back: int | None = None  # the element `add_element` pushed back last
 
     # Queries -----------------------------------------------------------------------
     def side_watermark(self, side_input: Hashable) -> int:
@@ -163,7 +165,8 @@ class PendingStatesGraph:
 
         `windows` maps each main window of the element to the side windows it
         needs, `(side input id, side window, side window max timestamp)`. The
-        other main windows are pushed back and come out later as `Released`.
+        other main windows are pushed back and come out later as `Released`; the
+        element's id is then `last_pushed_back` (for `lower_hold`).
         """
         runnable: list[Hashable] = []
         blocked: list[tuple[Hashable, list[tuple[_SideInputState, Hashable, int]]]] = []
@@ -183,7 +186,7 @@ class PendingStatesGraph:
         if not blocked:
             return runnable
 
-        element_id = self._next_element_id
+        element_id = self.last_pushed_back = self._next_element_id
         self._next_element_id += 1
         self._elements[element_id] = _ElementNode(payload, timestamp, key, len(blocked))
         self._holds.add((timestamp, element_id))
@@ -200,6 +203,16 @@ class PendingStatesGraph:
                     side.not_ready_order[node.order_key] = side_window
                 node.waiting.append(main_id)
         return runnable
+
+    def lower_hold(self, element_id: int, timestamp: int) -> None:
+        """Pushed-back element `element_id` holds the output watermark at `timestamp`
+        if that is earlier than its own: it stands for several elements (the side-input
+        gate pushes back a chunk of elements waiting for the same side windows as one)."""
+        element = self._elements[element_id]
+        if timestamp < element.timestamp:
+            self._holds.remove((element.timestamp, element_id))
+            element.timestamp = timestamp
+            self._holds.add((timestamp, element_id))
 
     # Algorithm 2: side data or a side watermark -------------------------------------
     def on_side_data(

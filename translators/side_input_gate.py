@@ -18,26 +18,34 @@ their finalize step reads all the written shards through a global-window side
 input, which is ready only once the written shards are complete.
 
 Its state lives in the partition's keyed-state backend (design sections 7 and
-8), one value per pushed-back (element, main window) pair: the key is the pair's
-gate sequence number `seq` (8 big-endian bytes, monotonic), the value what adding
-it again needs (main input, encoded element, timestamp, user key, and per side
-input in sorted order its side window and that window's max timestamp). The
-side watermarks, gated inputs and next seq are the backend's partition value
-`gate`. The graph is an index over those values (`KeyedStateBackend.derived`):
-kept while the backend lives in a worker, rebuilt from the values, in seq order,
-when a task lands in another worker, so releases, holds, pinned keys and sizes
-are as before. A pair pushed back and released within one epoch is never
-written. Persisting the whole graph as one value instead made every epoch cost
-the whole backlog: NEXMark Q7 streaming at 100k events had 86k pushed-back
-elements after 12 epochs, each commit pickled all of them (2.3 s) and each task
-landing in another Python worker unpickled all of them (1.2 s).
+8) in chunks: the pairs one gate pushes back for the same side windows, main
+input and user key go into one `PushedBackChunk` (their encoded elements one
+after the other, with their seqs and ends), one value keyed by its first pair's
+gate sequence number `seq` (8 big-endian bytes, monotonic). The Pending States
+Graph holds one element per chunk, at the chunk's earliest timestamp; a release
+reads the chunks back and gives their pairs in seq order. The side watermarks,
+gated inputs, next seq and the number of pushed-back pairs are the backend's
+partition value `gate`. The graph is an index over those values
+(`KeyedStateBackend.derived`): kept while the backend lives in a worker,
+rebuilt from the chunks, in seq order, when a task lands in another worker, so
+releases, holds, pinned keys and sizes are as before. A gate is built every
+epoch, so a chunk holds one epoch's pairs and is written once; a chunk pushed
+back and released within one epoch is never written. One value per pair made
+every epoch cost the whole backlog instead: NEXMark Q7 (every bid of a 10-s
+window waits for the window's maximum) spent half its worker time with 1-s
+checkpoints indexing and re-adding 100k pairs whenever a task landed in another
+Python worker; the whole graph as one value, before that, pickled and unpickled
+the backlog every epoch.
 """
 
 from __future__ import annotations
 
+import array
 import collections
+import heapq
+import itertools
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from apache_beam import pvalue
 from apache_beam.coders.coder_impl import create_OutputStream
@@ -57,13 +65,54 @@ from beam_streams_runner.translators.stateless_chain import descriptor_steps, ma
 from beam_streams_runner.worker.runtime import WorkerRuntime
 
 SideInputId = tuple[str, str]  # (ParDo transform id, side input tag)
-PAIR = 'pair'  # the namespace of a pushed-back pair's value (its key: the seq)
-GATE = 'gate'  # the partition value: side watermarks, gated inputs, next seq
+CHUNK = 'chunk'  # the namespace of a pushed-back chunk's value (its key: its first seq)
+GATE = 'gate'  # the partition value: side watermarks, gated inputs, next seq, pairs
 _SEQ = struct.Struct('>Q')
 
 
 class CorruptGateStateError(StreamsSparkRunnerError):
     """A side-input gate's checkpointed state does not fit the gate restoring it."""
+
+
+class PushedBackChunk:
+    """Pairs pushed back for the same side windows, main input and user key, in seq
+    order: their encoded elements back to back, each one's seq and end offset."""
+
+    __slots__ = ('data', 'ends', 'input_index', 'key', 'min_timestamp', 'requests', 'seqs')
+
+    def __init__(self, input_index: int, key: bytes | None, requests: tuple,
+                 timestamp: int) -> None:
+        self.input_index = input_index
+        self.key = key
+        self.requests = requests  # per side input in sorted order: (side window, max ts)
+        self.min_timestamp = timestamp
+        self.seqs = array.array('Q')
+        self.ends = array.array('Q')
+        self.data = bytearray()
+
+    def append(self, seq: int, encoded: bytes, timestamp: int) -> None:
+        self.seqs.append(seq)
+        self.data += encoded
+        self.ends.append(len(self.data))
+        self.min_timestamp = min(self.min_timestamp, timestamp)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def pairs(self) -> Iterator[tuple[int, bytes]]:
+        """(seq, encoded element) of each pair."""
+        start = 0
+        for seq, end in zip(self.seqs, self.ends, strict=True):
+            yield seq, bytes(self.data[start:end])
+            start = end
+
+
+def in_arrival_order(chunks: list[PushedBackChunk]) -> bytes:
+    """The encoded elements of `chunks` in seq order (back to back when their seq ranges
+    follow each other, as one side window's chunks of successive epochs do)."""
+    if all(before.seqs[-1] < after.seqs[0] for before, after in itertools.pairwise(chunks)):
+        return b''.join(chunk.data for chunk in chunks)
+    return b''.join(encoded for _, encoded in heapq.merge(*(c.pairs() for c in chunks)))
 
 
 class SideInputGate:
@@ -82,8 +131,11 @@ class SideInputGate:
         self._side_ids = list(self._sides)
         self._input_ids = sorted(self.gated_inputs)
         self._input_index = {input_id: i for i, input_id in enumerate(self._input_ids)}
-        self._next_seq = state.get_meta(GATE, ((), (), 0))[2]
+        _, _, self._next_seq, self._pairs = state.get_meta(GATE, ((), (), 0, 0))
         self.graph: PendingStatesGraph = state.derived('pending_states_graph', self._rebuild)
+        # The chunks this gate filled, by what their pairs wait for, with their graph ids.
+        self._open: dict[tuple, tuple[PushedBackChunk, int, bytes]] = {}
+        self._requests: dict = {}  # main window -> its side windows, per side input
 
     def _find_sides(self) -> set[str]:
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self._stage.descriptor)
@@ -126,46 +178,91 @@ class SideInputGate:
         coder = self._runtime.coder_impl(self._stage.input_coders[input_id])
         key_coder_id = self._stage.key_coders.get(input_id)
         key_coder = self._runtime.coder_impl(key_coder_id) if key_coder_id else None
+        input_index = self._input_index[input_id]
         runnable = create_OutputStream()
+        pushed_back = self._pairs
+        readiness: dict[tuple, bool] = {}  # side windows -> ready (fixed within a call)
         for value, raw in decode_with_raw(coder, chunk):
             # A stateful ParDo's key keeps its state while it has pushed-back elements.
             key = key_coder.encode_nested(value.value[0]) if key_coder is not None else None
             windows = value.windows
+            timestamp = value.timestamp.micros
             for window in windows:
                 single = raw if len(windows) == 1 else coder.encode_nested(
                     WindowedValue(value.value, value.timestamp, (window,), value.pane_info))
-                requests = [
-                    (side, coder_impl.encode(side_window), side_window.max_timestamp().micros)
-                    for side, (mapping_fn, coder_impl) in self._sides.items()
-                    for side_window in (mapping_fn(window),)]
-                seq = self._next_seq
-                # The single-window payload carries the main window: the graph's
-                # main-window label is unused, None here as after a restore.
-                if self.graph.add_element((input_id, single, seq), value.timestamp.micros,
-                                          key, {None: requests}):
-                    runnable.write(single)
-                else:
-                    self._next_seq += 1
-                    self._state.put(_SEQ.pack(seq), PAIR, (
-                        self._input_index[input_id], single, value.timestamp.micros, key,
-                        *(part for _, side_window, max_timestamp in requests
-                          for part in (side_window, max_timestamp))))
-                    self._save_meta()
+                requests = self._requests.get(window) or self._map(window)
+                opened = self._open.get((input_index, key, requests))
+                if opened is None:
+                    ready = readiness.get(requests)
+                    if ready is None:
+                        ready = readiness[requests] = self._ready(requests)
+                    if ready:
+                        runnable.write(single)
+                        continue
+                    opened = self._open_chunk(input_index, key, requests, timestamp)
+                target, element_id, name = opened
+                if timestamp < target.min_timestamp:
+                    self.graph.lower_hold(element_id, timestamp)
+                target.append(self._next_seq, single, timestamp)
+                # In place: a gate kept over more than one commit must write it again.
+                self._state.mark_changed(name)
+                self._next_seq += 1
+                self._pairs += 1
+        if self._pairs != pushed_back:
+            self._save_meta()
         return runnable.get()
+
+    def _map(self, window) -> tuple:
+        """The side window (encoded) and its max timestamp, per side input, for `window`."""
+        requests = self._requests[window] = tuple(
+            (coder_impl.encode(side_window), side_window.max_timestamp().micros)
+            for mapping_fn, coder_impl in self._sides.values()
+            for side_window in (mapping_fn(window),))
+        return requests
+
+    def _ready(self, requests: tuple) -> bool:
+        return all(self.graph.is_ready(side, side_window, max_timestamp) for side, (
+            side_window, max_timestamp) in zip(self._side_ids, requests, strict=True))
+
+    def _open_chunk(self, input_index: int, key: bytes | None, requests: tuple,
+                    timestamp: int) -> tuple[PushedBackChunk, int, bytes]:
+        """A new chunk for pairs waiting for `requests`, in the graph and the state."""
+        name = _SEQ.pack(self._next_seq)
+        chunk = PushedBackChunk(input_index, key, requests, timestamp)
+        self._push_back(self.graph, chunk, self._next_seq)
+        self._state.put(name, CHUNK, chunk)
+        opened = self._open[(input_index, key, requests)] = (
+            chunk, self.graph.last_pushed_back, name)
+        return opened
+
+    def _push_back(self, graph: PendingStatesGraph, chunk: PushedBackChunk, seq: int) -> None:
+        if graph.add_element(seq, chunk.min_timestamp, chunk.key, {None: [
+                (side, side_window, max_timestamp) for side, (side_window, max_timestamp)
+                in zip(self._side_ids, chunk.requests, strict=True)]}):
+            raise CorruptGateStateError(
+                f'Pushed-back chunk {seq} of the side-input gate state is runnable under '
+                'the side watermarks saved with it: the checkpoint is corrupt.')
 
     # Side watermarks (Algorithm 2) ------------------------------------------------------
     def on_side_watermarks(self, watermarks: Mapping[SideInputId, int]) -> list[Record]:
         """The pushed-back elements the new side watermarks release, as stage input."""
-        released: dict[str, list[bytes]] = collections.defaultdict(list)
+        released: dict[int, list[PushedBackChunk]] = collections.defaultdict(list)
         moved = False
         for side, watermark in watermarks.items():
             moved = moved or watermark > self.graph.side_watermark(side)
-            for (input_id, encoded, seq), _ in self.graph.on_side_watermark(side, watermark):
-                released[input_id].append(encoded)
-                self._state.delete_key(_SEQ.pack(seq))
+            for seq, _ in self.graph.on_side_watermark(side, watermark):
+                name = _SEQ.pack(seq)
+                chunk = self._state.get(name, CHUNK)
+                released[chunk.input_index].append(chunk)
+                self._pairs -= len(chunk)
+                self._state.delete_key(name)
+        if released:
+            self._open.clear()  # a released chunk takes no more pairs
         if moved:
             self._save_meta()
-        return [(input_id, b''.join(parts)) for input_id, parts in released.items()]
+        return [(self._input_ids[index], in_arrival_order(sorted(
+                    chunks, key=lambda chunk: chunk.seqs[0])))
+                for index, chunks in sorted(released.items())]
 
     def hold(self) -> int:
         """The output watermark the pushed-back elements allow."""
@@ -177,27 +274,29 @@ class SideInputGate:
         return self.graph.has_pending(key)
 
     def sizes(self) -> dict[str, int]:
-        return self.graph.sizes()
+        """Pushed-back (element, main window) pairs and the side windows they wait for."""
+        return {'elements': self._pairs,
+                'side_windows': self.graph.sizes()['side_windows']}
 
     # State in the keyed-state backend (see the module docstring) -----------------------
     def _save_meta(self) -> None:
         self._state.put_meta(GATE, (
             tuple((side, self.graph.side_watermark(side)) for side in self._side_ids),
-            tuple(self._input_ids), self._next_seq))
+            tuple(self._input_ids), self._next_seq, self._pairs))
 
     def _rebuild(self, state: KeyedStateBackend) -> PendingStatesGraph:
-        """The graph of the pairs `state` holds, added again in seq order under the side
+        """The graph of the chunks `state` holds, added again in seq order under the side
         watermarks saved with them."""
         graph = PendingStatesGraph(self._sides)
-        pairs = sorted(state.keys())  # seq order
+        names = sorted(state.keys())  # seq order
         saved = state.get_meta(GATE)
         if saved is None:
-            if pairs:
+            if names:
                 raise CorruptGateStateError(
-                    f'The side-input gate state has {len(pairs)} pushed-back elements '
-                    'but no side watermarks: the checkpoint is corrupt.')
+                    f'The side-input gate state has {len(names)} chunks of pushed-back '
+                    'elements but no side watermarks: the checkpoint is corrupt.')
             return graph
-        watermarks, input_ids, _ = saved
+        watermarks, input_ids, _, _ = saved
         sides = [side for side, _ in watermarks]
         if sides != self._side_ids or list(input_ids) != self._input_ids:
             raise CorruptGateStateError(
@@ -206,14 +305,6 @@ class SideInputGate:
                 f'main inputs {self._input_ids}.')
         for side, watermark in watermarks:
             graph.on_side_watermark(side, watermark)  # an empty graph releases nothing
-        side_ids = self._side_ids
-        for name in pairs:
-            seq = _SEQ.unpack(name)[0]
-            value = state.get(name, PAIR)
-            if graph.add_element(
-                    (input_ids[value[0]], value[1], seq), value[2], value[3],
-                    {None: list(zip(side_ids, value[4::2], value[5::2], strict=True))}):
-                raise CorruptGateStateError(
-                    f'Pushed-back element {seq} of the side-input gate state is runnable '
-                    'under the side watermarks saved with it: the checkpoint is corrupt.')
+        for name in names:
+            self._push_back(graph, state.get(name, CHUNK), _SEQ.unpack(name)[0])
         return graph

@@ -214,6 +214,22 @@ def test_min_hold_and_has_pending_follow_the_pushed_back_elements():
     assert psg.min_hold() is None and not psg.has_pending('a')
 
 
+def test_an_element_standing_for_several_holds_at_the_earliest():
+    """The side-input gate adds a chunk of elements as one and lowers its hold as
+    earlier ones join it."""
+    psg = PendingStatesGraph(['s'])
+    psg.add_element('chunk1', 30, None, {0: needs(('s', 0))})
+    first = psg.last_pushed_back
+    psg.add_element('chunk2', 20, None, {1: needs(('s', 1))})
+    assert psg.last_pushed_back != first and psg.min_hold() == 20
+    psg.lower_hold(first, 40)  # later than its own: no change
+    assert psg.min_hold() == 20
+    psg.lower_hold(first, 10)
+    assert psg.min_hold() == 10
+    assert psg.on_side_data('s', 0, side_max(0)) == [Released('chunk1', 0)]
+    assert psg.min_hold() == 20
+
+
 def test_beam_windows_with_equal_max_timestamps_and_the_global_window():
     """Windows need not be comparable; several windows may share a max timestamp."""
     psg = PendingStatesGraph(['s', 'g'])

@@ -1,17 +1,20 @@
-"""The side-input gate's versioned state: one value per pushed-back pair (no Spark).
+"""The side-input gate's versioned state: pushed-back pairs in chunks (no Spark).
 
-Design section 8. The gate keeps each (element, main window) pair it pushes back
-as a value of its `KeyedStateBackend` (key: the pair's seq, namespace `PAIR`),
-and its side watermarks, main inputs and next seq as the backend's meta `GATE`;
-so the backend's `take_delta` writes the pairs pushed back since the last call
-under b'k' + seq, deletes the persisted pairs released since, and writes the
-small b'm' value (the partition's meta). A gate built over a restored backend
-rebuilds its Pending States Graph from those values (`KeyedStateBackend.derived`).
+Design section 8. The gate keeps the (element, main window) pairs it pushes back
+for the same side windows, main input and user key in one `PushedBackChunk`, a
+value of its `KeyedStateBackend` (key: the chunk's first seq, namespace `CHUNK`),
+and its side watermarks, main inputs, next seq and pair count as the backend's
+meta `GATE`; so the backend's `take_delta` writes the chunks filled since the
+last call under b'k' + seq, deletes the persisted chunks released since, and
+writes the small b'm' value (the partition's meta). A gate built over a restored
+backend rebuilds its Pending States Graph from those values
+(`KeyedStateBackend.derived`).
 Checked here, on the gate of a real stage (two side inputs with other windows
 than the main input's sliding windows, so one element is several pairs),
 stateless and stateful (keys pin their state while pushed back):
 
-* a delta holds about the pairs an epoch pushed back or released, not all;
+* a delta holds the chunks an epoch pushed back or released, not all, one per
+  side windows and key;
 * a gate over a backend restored from the deltas every epoch (also through
   `PartitionStateCache` with two workers) admits and releases the same
   elements in the same order as one live gate, with the same holds, pinned keys
@@ -39,8 +42,8 @@ from beam_streams_runner.state.backend import KeyedStateBackend
 from beam_streams_runner.state.versioned_state import Revision
 from beam_streams_runner.stores import LocalDirectoryStore
 from beam_streams_runner.translators.side_input_gate import (
+    CHUNK,
     GATE,
-    PAIR,
     CorruptGateStateError,
     SideInputGate,
 )
@@ -137,11 +140,11 @@ def restored(state: dict[bytes, bytes]) -> KeyedStateBackend:
     return backend
 
 
-def replay(gs: GateStage, epochs) -> list[dict[bytes, bytes]]:
+def replay(gs: GateStage, epochs, releases: list | None = None) -> list[dict[bytes, bytes]]:
     """Runs `epochs` through gates over one live backend (a new gate each epoch, as a
     task that hits the cache builds it) and, each epoch, through a gate over a fresh
     backend restored from the deltas so far; both must agree. Returns the state per
-    epoch."""
+    epoch; adds each epoch's released elements to `releases`."""
     live = restored({})
     state: dict[bytes, bytes] = {}
     states = []
@@ -150,7 +153,10 @@ def replay(gs: GateStage, epochs) -> list[dict[bytes, bytes]]:
         fresh, gate = gs.make(backend), gs.make(live)
         assert fresh.sizes() == gate.sizes(), f'epoch {number}'
         assert fresh.hold() == gate.hold(), f'epoch {number}'
-        assert run_epoch(gs, fresh, epoch) == run_epoch(gs, gate, epoch), f'epoch {number}'
+        shown = run_epoch(gs, gate, epoch)
+        assert run_epoch(gs, fresh, epoch) == shown, f'epoch {number}'
+        if releases is not None:
+            releases.append([element for _, elements in shown[0] for element in elements])
         delta = live.take_delta()
         assert backend.take_delta() == delta, f'epoch {number}'
         apply_delta(state, delta)
@@ -158,14 +164,14 @@ def replay(gs: GateStage, epochs) -> list[dict[bytes, bytes]]:
     return states
 
 
+def chunks(state: dict[bytes, bytes]) -> list:
+    """The persisted chunks of `state` (b'k' + seq), in seq order."""
+    return [restored({name: value}).get(name[1:], CHUNK)
+            for name, value in sorted(state.items()) if name[:1] == b'k']
+
+
 def pairs(state: dict[bytes, bytes]) -> int:
-    return sum(1 for name in state if name[:1] == b'k')
-
-
-def pair_value(name: bytes, value: bytes) -> tuple:
-    """The persisted pair `name` (b'k' + seq): (main input index, encoded element,
-    timestamp, user key, side windows and their max timestamps)."""
-    return restored({name: value}).get(name[1:], PAIR)
+    return sum(len(chunk) for chunk in chunks(state))
 
 
 def gate_meta(meta: bytes):
@@ -185,48 +191,55 @@ def with_gate_meta(meta: bytes, value) -> bytes:
 
 def test_a_delta_holds_what_the_epoch_pushed_back_and_released(gate_stage):
     gs = gate_stage
+    keys = len(KEYS) if gs.stage.key_coders else 1  # a stateful ParDo's chunks are per key
     backend = restored({})
     gate = gs.make(backend)
     no_advance = [MIN_WATERMARK, MIN_WATERMARK]
-    # Epoch 0: 500 elements in [0, 50) s, two main windows each: 1000 pairs.
+    # Epoch 0: 500 elements in [0, 50) s, two main windows each: 1000 pairs, in one
+    # chunk per main window [-5, 5) ... [45, 55) (each maps to other side windows).
     run_epoch(gs, gate, (no_advance, [[(KEYS[i % 4], i, i / 10) for i in range(500)]]))
     dirty, deleted = backend.take_delta()
-    assert pairs(dirty) == 1000 and b'm' in dirty and len(dirty) == 1001 and not deleted
-    assert gate_meta(dirty[b'm'])[2] == 1000  # the next seq
+    assert len(chunks(dirty)) == 11 * keys and len(dirty) == 11 * keys + 1 and not deleted
+    assert pairs(dirty) == 1000 and gate_meta(dirty[b'm'])[2:] == (1000, 1000)
+    assert all(list(chunk.seqs) == sorted(chunk.seqs) for chunk in chunks(dirty))
     state = dict(dirty)
-    # Epoch 1: three more elements write six pairs and the next seq, nothing else.
+    # Epoch 1: three more elements write six pairs in the chunks of their two main
+    # windows and the next seq, nothing else.
     run_epoch(gs, gate, (no_advance, [[('a', 1, 60), ('b', 2, 61), ('c', 3, 62)]]))
     dirty, deleted = backend.take_delta()
-    assert pairs(dirty) == 6 and len(dirty) == 7 and not deleted
-    assert gate_meta(dirty[b'm'])[2] == 1006
+    assert len(chunks(dirty)) == 2 * min(keys, 3) and pairs(dirty) == 6 and not deleted
+    assert gate_meta(dirty[b'm'])[2:] == (1006, 1006)
     apply_delta(state, (dirty, deleted))
-    # Epoch 2: nothing happened: no pair is written, the partition value is unchanged.
+    # Epoch 2: nothing happened: no chunk is written, the partition value is unchanged.
     run_epoch(gs, gate, (no_advance, []))
     dirty, deleted = backend.take_delta()
     assert dirty == {b'm': state[b'm']} and not deleted
     # Epoch 3: side A's windows [0, 5) and [5, 10) and side B's [0, 20) are complete.
     # A main window maps to the side window holding its max timestamp, so the main
-    # windows [-5, 5) and [0, 10) run: 50 + 100 pairs, deleted; b'm' has the new
-    # side watermarks.
+    # windows [-5, 5) and [0, 10) run: 50 + 100 pairs, their chunks deleted; b'm' has
+    # the new side watermarks.
     released, *_ = run_epoch(gs, gate, ([seconds(10), seconds(20)], []))
     (_, elements), = released
     dirty, deleted = backend.take_delta()
     assert dirty.keys() == {b'm'}
     assert [w for _, w in gate_meta(dirty[b'm'])[0]] == [seconds(10), seconds(20)]
-    assert len(deleted) == len(elements) == 150
-    assert {pair_value(name, state[name])[1] for name in deleted} == {
+    assert len(elements) == 150 and len(deleted) == 2 * keys
+    assert sorted(encoded for chunk in chunks({name: state[name] for name in deleted})
+                  for _, encoded in chunk.pairs()) == sorted(
         gs.coder.encode_nested(WindowedValue(value, Timestamp(micros=t), windows))
-        for value, t, windows in elements}
+        for value, t, windows in elements)
+    values = [value for (_, value), _, _ in elements]
+    assert values == sorted(values)  # in arrival order
     apply_delta(state, (dirty, deleted))
-    assert pairs(state) == 1006 - len(elements)
+    assert pairs(state) == 1006 - len(elements) == gate_meta(state[b'm'])[3]
     # Epoch 4: pushed back and released within the epoch: neither written nor deleted.
     gate.admit(gs.input_id, gs.encode([('d', 4, 70)]))
     released = gate.on_side_watermarks({side: MAX_WATERMARK for side in gs.sides})
     dirty, deleted = backend.take_delta()
-    assert dirty.keys() == {b'm'} and len(deleted) == pairs(state)
+    assert dirty.keys() == {b'm'} and len(deleted) == len(chunks(state))
     apply_delta(state, (dirty, deleted))
     assert state.keys() == {b'm'}
-    assert gate.hold() == MAX_WATERMARK and not gate.graph
+    assert gate.hold() == MAX_WATERMARK and not gate.graph and gate.sizes()['elements'] == 0
 
 
 def test_released_pairs_come_out_in_arrival_order_after_a_restore(gate_stage):
@@ -239,9 +252,17 @@ def test_released_pairs_come_out_in_arrival_order_after_a_restore(gate_stage):
     epochs += [([seconds(a), seconds(b)], [])
                 for a, b in [(0, 20), (10, 20), (25, 20), (25, 40), (45, 60), (60, 60)]]
     epochs.append(([MAX_WATERMARK, MAX_WATERMARK], []))
-    states = replay(gs, epochs)
+    releases: list = []
+    states = replay(gs, epochs, releases)
     assert pairs(states[5]) == 600
     assert states[-1].keys() == {b'm'}
+    # Every pair comes out once, each epoch's in the order the elements arrived
+    # (their values), though the chunks they were kept in interleave.
+    assert sorted(value for released in releases for (_, value), _, _ in released) == sorted(
+        2 * list(range(300)))
+    for released in releases:
+        values = [value for (_, value), _, _ in released]
+        assert values == sorted(values)
 
 
 @pytest.mark.parametrize('live_state', ['process', 'host'])
@@ -339,7 +360,8 @@ def test_a_checkpoint_of_other_side_inputs_is_reported(gate_stage):
     backend = restored({})
     gs.make(backend).on_side_watermarks({gs.sides[0]: seconds(5)})
     state = backend.take_delta()[0]
-    watermarks, input_ids, next_seq = gate_meta(state[b'm'])
-    state[b'm'] = with_gate_meta(state[b'm'], (watermarks[:1], input_ids, next_seq))
+    watermarks, input_ids, next_seq, pushed_back = gate_meta(state[b'm'])
+    state[b'm'] = with_gate_meta(state[b'm'],
+                                 (watermarks[:1], input_ids, next_seq, pushed_back))
     with pytest.raises(CorruptGateStateError, match='side inputs'):
         gs.make(restored(state))
