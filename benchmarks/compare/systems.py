@@ -53,18 +53,19 @@ class StreamingSystem:
 
 
 OURS = StreamingSystem('StreamsSparkRunner', 'benchmarks.nexmark.beam_streaming',
-                       (0, 1, 2, 3, 5, 7), ('--spark_master=local[2]',))
+                       (0, 1, 2, 3, 5, 7, 8), ('--spark_master=local[2]',))
 SPARK_SQL = StreamingSystem('Spark Structured Streaming (DataFrame)',
-                            'benchmarks.nexmark.spark_streaming', (0, 1, 2, 5, 7),
+                            'benchmarks.nexmark.spark_streaming', (0, 1, 2, 5, 7, 8),
                             ('--variant=sql', '--spark_master=local[2]'))
 SPARK_STATE = StreamingSystem('Spark Structured Streaming (transformWithStateInPandas)',
                               'benchmarks.nexmark.spark_streaming', (3, 5, 7),
                               ('--variant=state', '--spark_master=local[2]'))
 FLINK_DATASTREAM = StreamingSystem('PyFlink (Python DataStream)',
-                                   'benchmarks.nexmark.flink_streaming', (0, 1, 2, 3, 5, 7),
+                                   'benchmarks.nexmark.flink_streaming', (0, 1, 2, 3, 5, 7, 8),
                                    ('--variant=datastream', '--parallelism=2'), flink=True)
 FLINK_SQL = StreamingSystem('PyFlink (Flink SQL)', 'benchmarks.nexmark.flink_streaming',
-                            (0, 1, 2, 5, 7), ('--variant=sql', '--parallelism=2'), flink=True)
+                            (0, 1, 2, 5, 7, 8), ('--variant=sql', '--parallelism=2'),
+                            flink=True)
 SYSTEMS = (OURS, SPARK_SQL, SPARK_STATE, FLINK_DATASTREAM, FLINK_SQL)
 # The Python-level engines this runner means to be at least as fast as: PyFlink's
 # Python API, and Spark's Python state API on the stateful queries.

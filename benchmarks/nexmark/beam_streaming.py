@@ -47,9 +47,14 @@ from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.flink_baselines import model_fields
 from benchmarks.nexmark.native import NATIVE_QUERIES
 from benchmarks.nexmark.runs import COMMON_ARGS
-from benchmarks.nexmark.stream_files import write_record, write_summary
+from benchmarks.nexmark.stream_files import (
+    add_program_arguments,
+    checkpoint_arguments_error,
+    write_record,
+    write_summary,
+)
 
-QUERIES = NATIVE_QUERIES
+QUERIES = (*NATIVE_QUERIES, 8)  # those the engines' streaming APIs express too
 DEFAULT_MASTER = 'local[2]'
 # The runner logs each completed checkpoint of a consistent region with this message.
 _CHECKPOINT_LOGGER = 'beam_streams_runner.regions.controller'
@@ -156,14 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog='python -m benchmarks.nexmark.beam_streaming',
         description="Beam's NEXMark query on StreamsSparkRunner in streaming over an "
                     'events directory (benchmarks/nexmark/stream_files.py).')
-    parser.add_argument('--query', type=int, required=True, choices=QUERIES)
-    parser.add_argument('--events_dir', required=True)
-    parser.add_argument('--records', required=True, help='output records (JSON lines)')
-    parser.add_argument('--summary', required=True, help='summary (JSON)')
-    parser.add_argument('--checkpoint_dir', default=None)
-    parser.add_argument('--checkpoint_period_s', type=float, default=None)
-    parser.add_argument('--ready_file', default=None)
-    parser.add_argument('--parallelism', type=int, default=2)
+    add_program_arguments(parser, QUERIES)
     return parser
 
 
@@ -173,12 +171,8 @@ def parse_args(argv: Sequence[str] | None
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     config, runner_args = NexmarkConfig.from_args(rest)
-    if (args.checkpoint_dir is None) != (args.checkpoint_period_s is None):
-        parser.error('--checkpoint_dir and --checkpoint_period_s go together: give both '
-                     '(consistent regions on) or neither (off)')
-    if args.checkpoint_period_s is not None and args.checkpoint_period_s <= 0:
-        parser.error(f'--checkpoint_period_s must be > 0, got {args.checkpoint_period_s}; '
-                     'leave out both checkpoint options to turn checkpoints off')
+    if error := checkpoint_arguments_error(args):
+        parser.error(error)
     if args.parallelism < 1:
         parser.error(f'--parallelism must be at least 1, got {args.parallelism}')
     if not os.path.isdir(args.events_dir):

@@ -1,4 +1,4 @@
-"""NEXMark Q0, Q1, Q2, Q3, Q5, Q7 on PyFlink's Python DataStream API (`flink_streaming
+"""NEXMark Q0, Q1, Q2, Q3, Q5, Q7, Q8 on PyFlink's Python DataStream API (`flink_streaming
 --variant=datastream`): lines parsed by `json.loads` in Python, timestamps and a bounded
 out-of-orderness watermark, Python event-time windows and keyed process functions,
 mirroring `flink_baselines` (and Beam's queries) so the outputs equal Beam's."""
@@ -230,8 +230,41 @@ def query7(events: Any, config: NexmarkConfig) -> Any:
             .aggregate(HighestBids(), window_function=HighestBidRecords()))
 
 
+class JoinPersonAuctions(ProcessWindowFunction):
+    """Q8, keyed by person (seller) id in a tumbling window: Beam's CoGroupByKey of the
+    window's person and auctions, then its `JoinPersonAuctionFn` (a record per auction of
+    a person who joined in the window)."""
+
+    def process(self, key: int, context: Any, elements: Any) -> Iterator[dict[str, Any]]:
+        window = context.window()
+        values = [value for _, value in elements]
+        person = next((value for value in values if value[0] == 'P'), None)
+        if person is None:
+            return
+        for kind, reserve in values:
+            if kind == 'A':
+                yield record({'dict': {'id': key, 'name': person[1], 'reserve': reserve}},
+                             (window.start, window.end), 'end')
+
+
+def query8(events: Any, config: NexmarkConfig) -> Any:
+    from pyflink.common import Time
+    from pyflink.datastream.window import TumblingEventTimeWindows
+
+    def keyed(e: tuple[int, bool, dict[str, Any]]) -> Iterator[tuple[int, tuple]]:
+        x = e[2]
+        kind = event_kind(x)
+        if kind == 'Person':
+            yield x['id'], ('P', x['name'])
+        elif kind == 'Auction':
+            yield x['seller'], ('A', x['reserve'])
+    return (events.flat_map(keyed).key_by(lambda kv: kv[0])
+            .window(TumblingEventTimeWindows.of(Time.seconds(config.window_size_sec)))
+            .process(JoinPersonAuctions()))
+
+
 QUERIES: dict[int, Callable[[Any, NexmarkConfig], Any]] = {
-    0: query0, 1: query1, 2: query2, 3: query3, 5: query5, 7: query7}
+    0: query0, 1: query1, 2: query2, 3: query3, 5: query5, 7: query7, 8: query8}
 
 
 def _pickled() -> Any:

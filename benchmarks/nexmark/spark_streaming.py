@@ -1,6 +1,6 @@
 """Spark Structured Streaming baselines of the streaming NEXMark comparison.
 
-What a Spark user would write to run NEXMark Q0, Q1, Q2, Q3, Q5 and Q7 as streaming jobs
+What a Spark user would write to run NEXMark Q0, Q1, Q2, Q3, Q5, Q7 and Q8 as streaming jobs
 over the comparison's event files (`stream_files`: read that contract first), as the
 Spark rows next to this runner's and PyFlink's. Common interface of the comparison:
 
@@ -17,10 +17,14 @@ Spark rows next to this runner's and PyFlink's. Common interface of the comparis
   projections and filters; Q5 two chained event-time aggregations (count per sliding
   window and auction, then per window the highest count and its auctions); Q7 a
   stream-stream join of the bids with each fixed window's highest price, on (window,
-  price). Q3 is not expressible: Beam's streaming Q3 emits a seller's pairs per pane of
+  price); Q8 a stream-stream join of persons and auctions on (window, seller). Q3 is
+  not expressible: Beam's streaming Q3 emits a seller's pairs per pane of
   30 arrived elements (`Repeatedly(AfterCount(30))`) and never the rest; a stream-stream
   join emits every pair at once, an aggregation in append mode only when an event-time
-  window closes (the global window never does). Q3 is in the state variant only.
+  window closes (the global window never does). Q3 is in the state variant only. Nor is
+  Beam's Q4 (sliding-window means of the winning bids of auctions closed by their own
+  `expires`): the winning bid per auction is an aggregation that no event-time window
+  closes, and an updating aggregation cannot feed another in append mode.
 * **`--variant=state`**: `transformWithStateInPandas` (Spark 4's Python stateful
   processor API) on the RocksDB state store: Q3, Q5, Q7 (`spark_streaming_state`).
 * **Sink**: `foreachBatch` writes each output row as a `stream_files` record (element,
@@ -61,7 +65,6 @@ from benchmarks.nexmark import stream_files
 from benchmarks.nexmark.config import NexmarkConfig
 from benchmarks.nexmark.spark_streaming_queries import (
     DEFAULT_MAX_FILES_PER_TRIGGER,
-    DEFAULT_PARALLELISM,
     DICT_FIELDS,
     DICT_KIND,
     INPUT_METRICS,
@@ -261,15 +264,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, NexmarkC
     parser = argparse.ArgumentParser(prog='python -m benchmarks.nexmark.spark_streaming',
                                      description=__doc__.split('\n', 1)[0])
     parser.add_argument('--variant', required=True, choices=VARIANTS)
-    parser.add_argument('--query', type=int, required=True)
-    parser.add_argument('--events_dir', required=True)
-    parser.add_argument('--records', required=True, help='output records (JSON lines)')
-    parser.add_argument('--summary', required=True, help='summary (JSON)')
-    parser.add_argument('--checkpoint_dir', default=None)
-    parser.add_argument('--checkpoint_period_s', type=float, default=None,
-                        help='recorded only: Spark checkpoints every micro-batch')
-    parser.add_argument('--ready_file', default=None)
-    parser.add_argument('--parallelism', type=int, default=DEFAULT_PARALLELISM)
+    stream_files.add_program_arguments(
+        parser, checkpoint_period_help='recorded only: Spark checkpoints every micro-batch')
     parser.add_argument('--spark_master', default=None, help='default local[PARALLELISM]')
     parser.add_argument('--max_files_per_trigger', type=int,
                         default=DEFAULT_MAX_FILES_PER_TRIGGER)

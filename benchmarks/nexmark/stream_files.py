@@ -44,6 +44,7 @@ What a program writes back:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -82,6 +83,33 @@ def end_line(last_event_ms: int) -> str:
 def is_end_event(fields: dict[str, Any]) -> bool:
     """Whether a parsed JSON event (its camel-case fields) is the sentinel."""
     return fields.get('auction') == END_AUCTION and 'bidder' in fields
+
+
+def add_program_arguments(parser: argparse.ArgumentParser,
+                          queries: tuple[int, ...] | None = None,
+                          checkpoint_period_help: str | None = None) -> None:
+    """The options of every streaming program of the comparison (the interface above)."""
+    parser.add_argument('--query', type=int, required=True, choices=queries)
+    parser.add_argument('--events_dir', required=True, help='the event files, read as a stream')
+    parser.add_argument('--records', required=True, help='output records (JSON lines)')
+    parser.add_argument('--summary', required=True, help='summary (JSON)')
+    parser.add_argument('--checkpoint_dir', default=None)
+    parser.add_argument('--checkpoint_period_s', type=float, default=None,
+                        help=checkpoint_period_help)
+    parser.add_argument('--ready_file', default=None,
+                        help='fixed rate: written once the stream runs, then fed')
+    parser.add_argument('--parallelism', type=int, default=2)
+
+
+def checkpoint_arguments_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with a program's checkpoint options, if anything: both or neither."""
+    if (args.checkpoint_dir is None) != (args.checkpoint_period_s is None):
+        return ('--checkpoint_dir and --checkpoint_period_s go together: give both '
+                '(checkpoints on) or neither (off)')
+    if args.checkpoint_period_s is not None and args.checkpoint_period_s <= 0:
+        return (f'--checkpoint_period_s must be > 0, got {args.checkpoint_period_s}; leave '
+                'out both checkpoint options to turn checkpoints off')
+    return None
 
 
 def _write_file(directory: str, name: str, lines: list[str], not_before_ns: int = 0) -> str:

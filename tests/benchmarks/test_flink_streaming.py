@@ -43,7 +43,7 @@ needs_flink = pytest.mark.skipif(
 SMALL = NexmarkConfig(num_events=4000, first_event_rate=1000, next_event_rate=1000,
                       window_size_sec=2, window_period_sec=1, auction_skip=3)
 Q3_CONFIG = NexmarkConfig(num_events=20_000)
-SQL_QUERIES = (0, 1, 2, 5, 7)
+SQL_QUERIES = (0, 1, 2, 5, 7, 8)
 def command(variant: str, query: int, events_dir: str, out: str, config: NexmarkConfig,
             *extra: str) -> list[str]:
     return [flink_python(), '-m', 'benchmarks.nexmark.flink_streaming', f'--variant={variant}',

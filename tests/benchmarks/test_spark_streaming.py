@@ -59,7 +59,7 @@ def windowed_events(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize('variant, query', [
-    ('sql', 0), ('sql', 1), ('sql', 2), ('sql', 5), ('state', 5), ('state', 7)])
+    ('sql', 0), ('sql', 1), ('sql', 2), ('sql', 5), ('sql', 8), ('state', 5), ('state', 7)])
 def test_query_equals_the_batch_reference(variant, query, windowed_events, spark_session,
                                           tmp_path):
     # Two files per micro-batch: the windows close over several batches.
