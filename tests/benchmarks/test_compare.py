@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from benchmarks.compare import report
+from benchmarks.compare import main, report
 from benchmarks.compare.batch import BatchRow
 from benchmarks.compare.memory import PeakMemory
 from benchmarks.compare.stream_runs import StreamRow, config_args, latencies, run_stream
@@ -213,3 +213,16 @@ def test_a_report_written_again_from_its_csvs_is_the_same(tmp_path):
                                ['* a note'])
     assert report.read_rows(str(tmp_path)) == (batch, streaming)
     assert report.rewrite_report(str(tmp_path)) == text
+
+
+def test_an_earlier_invocations_references_are_not_reused_when_batch_is_measured(tmp_path):
+    """The DirectRunner's batch row is its reference run: a cached one would be timed in
+    another invocation."""
+    for sub in ('references', 'batch', 'events'):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / 'old').write_text('x')
+    main.clear_measured_caches(str(tmp_path), batch=False)
+    assert (tmp_path / 'references' / 'old').exists()
+    main.clear_measured_caches(str(tmp_path), batch=True)
+    assert not (tmp_path / 'references').exists() and not (tmp_path / 'batch').exists()
+    assert (tmp_path / 'events' / 'old').exists()  # the events are the same events
